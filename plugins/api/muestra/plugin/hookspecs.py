@@ -1,0 +1,16 @@
+"""Hook specifications. Hooks run once, at start-up, to register things."""
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("muestra")
+hookimpl = pluggy.HookimplMarker("muestra")
+
+
+@hookspec
+def register_samplers(register):
+    """Register token samplers: call register(sampler) for each."""
+
+
+@hookspec
+def register_schedulers(register):
+    """Register diffusion schedulers: call register(name, factory, aliases=()) for each."""

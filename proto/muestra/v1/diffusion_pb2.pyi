@@ -1,0 +1,126 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DescribeDiffusionRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeDiffusionResponse(_message.Message):
+    __slots__ = ("model", "device", "dtype", "pipeline", "default_width", "default_height", "max_width", "max_height", "max_steps", "max_images")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    device: str
+    dtype: str
+    pipeline: str
+    default_width: int
+    default_height: int
+    max_width: int
+    max_height: int
+    max_steps: int
+    max_images: int
+    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., pipeline: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_steps: _Optional[int] = ..., max_images: _Optional[int] = ...) -> None: ...
+
+class ListSchedulersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SchedulerInfo(_message.Message):
+    __slots__ = ("name", "aliases", "plugin", "distribution", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ALIASES_FIELD_NUMBER: _ClassVar[int]
+    PLUGIN_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    aliases: _containers.RepeatedScalarFieldContainer[str]
+    plugin: str
+    distribution: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., plugin: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class ListSchedulersResponse(_message.Message):
+    __slots__ = ("schedulers",)
+    SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
+    schedulers: _containers.RepeatedCompositeFieldContainer[SchedulerInfo]
+    def __init__(self, schedulers: _Optional[_Iterable[_Union[SchedulerInfo, _Mapping]]] = ...) -> None: ...
+
+class ImageRequest(_message.Message):
+    __slots__ = ("model", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "sampler", "num_images", "preview_every", "extra")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    NEGATIVE_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    GUIDANCE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    NUM_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_EVERY_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    prompt: str
+    negative_prompt: str
+    width: int
+    height: int
+    steps: int
+    guidance_scale: float
+    seed: int
+    sampler: str
+    num_images: int
+    preview_every: int
+    extra: _struct_pb2.Struct
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., sampler: _Optional[str] = ..., num_images: _Optional[int] = ..., preview_every: _Optional[int] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class ImageProgress(_message.Message):
+    __slots__ = ("image_index", "step", "total", "elapsed_s", "preview_png")
+    IMAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_PNG_FIELD_NUMBER: _ClassVar[int]
+    image_index: int
+    step: int
+    total: int
+    elapsed_s: float
+    preview_png: bytes
+    def __init__(self, image_index: _Optional[int] = ..., step: _Optional[int] = ..., total: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., preview_png: _Optional[bytes] = ...) -> None: ...
+
+class GeneratedImage(_message.Message):
+    __slots__ = ("index", "seed", "png", "width", "height", "parameters")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    PNG_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    seed: int
+    png: bytes
+    width: int
+    height: int
+    parameters: str
+    def __init__(self, index: _Optional[int] = ..., seed: _Optional[int] = ..., png: _Optional[bytes] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., parameters: _Optional[str] = ...) -> None: ...
+
+class ImageResponse(_message.Message):
+    __slots__ = ("progress", "image")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    progress: ImageProgress
+    image: GeneratedImage
+    def __init__(self, progress: _Optional[_Union[ImageProgress, _Mapping]] = ..., image: _Optional[_Union[GeneratedImage, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,81 @@
+"""Service configuration: a dataclass filled from flags, then MUESTRA_* variables, then defaults.
+
+A field `max_text_bytes` of the tokenizer service is set by `--max-text-bytes`, else by
+`MUESTRA_TOKENIZER_MAX_TEXT_BYTES`, else by `MUESTRA_MAX_TEXT_BYTES`, else by its default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from typing import Any, TypeVar
+
+C = TypeVar("C", bound="ServiceConfig")
+
+
+@dataclasses.dataclass
+class ServiceConfig:
+    """Settings every service has."""
+
+    host: str = dataclasses.field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = dataclasses.field(default=0, metadata={"help": "gRPC port (0: pick a free one)"})
+    metrics_port: int = dataclasses.field(
+        default=-1, metadata={"help": "Prometheus /metrics port (0: pick a free one, -1: off)"}
+    )
+    log_level: str = dataclasses.field(default="INFO", metadata={"help": "logging level"})
+    grace_period_s: float = dataclasses.field(
+        default=10.0, metadata={"help": "seconds in-flight requests get to finish on SIGTERM"}
+    )
+    max_message_bytes: int = dataclasses.field(
+        default=64 * 1024 * 1024, metadata={"help": "largest gRPC message accepted or sent"}
+    )
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _converter(tp: Any):
+    if tp is bool:
+        return _parse_bool
+    if tp in (int, float, str):
+        return tp
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(args) == 1:
+        return _converter(args[0])
+    raise TypeError(f"unsupported config field type {tp!r}")
+
+
+def load_config(cls: type[C], service: str, argv: list[str] | None = None, env: dict | None = None) -> C:
+    """Build `cls` from command-line flags and MUESTRA_* environment variables."""
+    env = os.environ if env is None else env
+    hints = typing.get_type_hints(cls)
+    parser = argparse.ArgumentParser(prog=f"muestra-{service}", description=f"muestra {service} service")
+    for field in dataclasses.fields(cls):
+        flag = "--" + field.name.replace("_", "-")
+        convert = _converter(hints[field.name])
+        help_text = field.metadata.get("help", "")
+        env_names = f"MUESTRA_{service.upper()}_{field.name.upper()}, MUESTRA_{field.name.upper()}"
+        parser.add_argument(flag, dest=field.name, type=convert, default=None, help=f"{help_text} [{env_names}]")
+    parsed = vars(parser.parse_args(argv))
+    values = {}
+    for field in dataclasses.fields(cls):
+        convert = _converter(hints[field.name])
+        if parsed[field.name] is not None:
+            values[field.name] = parsed[field.name]
+            continue
+        for name in (f"MUESTRA_{service.upper()}_{field.name.upper()}", f"MUESTRA_{field.name.upper()}"):
+            if name in env:
+                try:
+                    values[field.name] = convert(env[name])
+                except ValueError as exc:
+                    parser.error(f"{name}: {exc}")
+                break
+    return cls(**values)

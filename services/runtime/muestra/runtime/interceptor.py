@@ -1,0 +1,116 @@
+"""The one place where exceptions become gRPC statuses, and every request is logged and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+from prometheus_client import Counter, Histogram
+
+from muestra.runtime.errors import MuestraError
+from muestra.runtime.logs import REQUEST_ID_HEADER, new_request_id, request_id_from_metadata, request_id_var
+
+log = logging.getLogger("muestra.requests")
+
+REQUESTS = Counter("muestra_grpc_requests_total", "gRPC requests handled", ["method", "code"])
+LATENCY = Histogram(
+    "muestra_grpc_request_duration_seconds",
+    "Time from a gRPC request's arrival to its last response message",
+    ["method"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+)
+_QUIET_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
+
+
+class _Call:
+    """Bookkeeping for one request: its id, its outcome, its log line."""
+
+    def __init__(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        self.method = method
+        self.context = context
+        self.started = time.perf_counter()
+        self.request_id = request_id_from_metadata(context.invocation_metadata()) or new_request_id()
+        self.token = request_id_var.set(self.request_id)
+        self.code = grpc.StatusCode.OK
+        context.set_trailing_metadata(((REQUEST_ID_HEADER, self.request_id),))
+
+    async def fail(self, exc: BaseException) -> None:
+        """Record `exc` and abort the call with the status it maps to (always raises)."""
+        if isinstance(exc, asyncio.CancelledError):
+            self.code = grpc.StatusCode.CANCELLED
+            raise exc
+        if isinstance(exc, grpc.aio.AbortError):
+            self.code = self.context.code() or grpc.StatusCode.UNKNOWN
+            raise exc
+        if isinstance(exc, MuestraError):
+            self.code = exc.code
+            await self.context.abort(exc.code, str(exc))
+        self.code = grpc.StatusCode.INTERNAL
+        log.exception("internal error in %s", self.method)
+        await self.context.abort(
+            grpc.StatusCode.INTERNAL,
+            f"internal error in {self.method} (request id {self.request_id}); the service log has the details",
+        )
+
+    def finish(self) -> None:
+        elapsed = time.perf_counter() - self.started
+        code = self.code if self.code != grpc.StatusCode.OK else (self.context.code() or grpc.StatusCode.OK)
+        code_name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+        REQUESTS.labels(self.method, code_name).inc()
+        LATENCY.labels(self.method).observe(elapsed)
+        level = logging.DEBUG if self.method.startswith(_QUIET_PREFIXES) else logging.INFO
+        log.log(level, "%s %s %.1fms peer=%s", self.method, code_name, elapsed * 1000, self.context.peer())
+        request_id_var.reset(self.token)
+
+
+def _wrap_unary_response(behavior, method: str):
+    async def handler(request_or_iterator, context):
+        call = _Call(method, context)
+        try:
+            return await behavior(request_or_iterator, context)
+        except BaseException as exc:  # noqa: BLE001 - every failure is mapped to a status
+            await call.fail(exc)
+        finally:
+            call.finish()
+
+    return handler
+
+
+def _wrap_stream_response(behavior, method: str):
+    async def handler(request_or_iterator, context):
+        call = _Call(method, context)
+        try:
+            async for response in behavior(request_or_iterator, context):
+                yield response
+        except BaseException as exc:
+            if isinstance(exc, GeneratorExit):
+                call.code = grpc.StatusCode.CANCELLED
+                raise
+            await call.fail(exc)
+        finally:
+            call.finish()
+
+    return handler
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Maps exceptions to statuses, sets the request id, logs and counts every request."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        kwargs = dict(
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary_response(handler.unary_unary, method), **kwargs)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(_wrap_unary_response(handler.stream_unary, method), **kwargs)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream_response(handler.unary_stream, method), **kwargs)
+        return grpc.stream_stream_rpc_method_handler(_wrap_stream_response(handler.stream_stream, method), **kwargs)

@@ -1,0 +1,81 @@
+"""Server bootstrap: gRPC with health, reflection, metrics, one interceptor and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from muestra.runtime.channels import channel_options
+from muestra.runtime.config import ServiceConfig
+from muestra.runtime.interceptor import ErrorMappingInterceptor
+from muestra.runtime.logs import configure_logging
+
+log = logging.getLogger("muestra.runtime")
+
+
+@dataclasses.dataclass
+class ServiceSpec:
+    """What a service hands the runtime."""
+
+    # Short name used in logs, flags and environment variables ("tokenizer", "lm", …).
+    name: str
+    # Adds the servicers to the server and returns their full service names
+    # (e.g. "muestra.v1.Tokenizer") for health and reflection.
+    register: Callable[[grpc.aio.Server], Awaitable[list[str]]]
+    # Called once after the server has stopped.
+    close: Callable[[], Awaitable[None]] | None = None
+
+
+async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then let in-flight requests finish within the grace period."""
+    server = grpc.aio.server(
+        interceptors=[ErrorMappingInterceptor()], options=channel_options(config.max_message_bytes)
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = await spec.register(server)
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise SystemExit(f"cannot bind {config.host}:{config.port}")
+    if config.metrics_port >= 0:
+        httpd, _ = start_http_server(config.metrics_port, addr=config.host)
+        log.info("metrics on http://%s:%d/metrics", config.host, httpd.server_port)
+    await server.start()
+    for name in ("", *names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("%s serving %s on %s:%d", spec.name, ", ".join(names), config.host, port)
+    if started is not None:
+        started.set()
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stopping.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+            pass
+    waiter = asyncio.ensure_future(server.wait_for_termination())
+    stopper = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+    log.info("%s stopping: %.1fs grace for in-flight requests", spec.name, config.grace_period_s)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(config.grace_period_s)
+    stopper.cancel()
+    if spec.close is not None:
+        await spec.close()
+    log.info("%s stopped", spec.name)
+
+
+def run_service(spec: ServiceSpec, config: ServiceConfig) -> None:
+    """Entry point of every `python -m muestra.<service>`."""
+    configure_logging(spec.name, config.log_level)
+    asyncio.run(serve(spec, config))

@@ -1,0 +1,19 @@
+"""Fixtures shared by the whole suite. Area-specific fixtures live in tests/fixtures/."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import RedisServer
+
+pytest_plugins = [
+    "tests.fixtures.tokenizers",
+]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server on a loopback port for the whole session."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()

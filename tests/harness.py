@@ -1,0 +1,109 @@
+"""Starting real services and a real redis-server on loopback ports for the tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_serving(address: str, proc: subprocess.Popen | None = None, timeout_s: float = 120.0) -> None:
+    """Block until the gRPC health service at `address` says SERVING (or the process died)."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"service at {address} exited with {proc.returncode}")
+            try:
+                if (
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
+                    return
+            except grpc.RpcError:
+                time.sleep(0.1)
+    raise TimeoutError(f"{address} not SERVING after {timeout_s}s")
+
+
+class ServiceProcess:
+    """One muestra service, `python -m muestra.<name>`, as a child process on a loopback port."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict | None = None) -> None:
+        self.name = name
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"{name}-{self.port}.log"
+        full_env = {**os.environ, **(env or {})}
+        with open(self.log_path, "wb") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", f"muestra.{name}", "--host", "127.0.0.1", "--port", str(self.port), *args],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+            )
+        try:
+            wait_serving(self.address, self.proc)
+        except Exception as exc:
+            self.stop()
+            raise RuntimeError(f"{name} failed to start:\n{self.log_tail()}") from exc
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+class RedisServer:
+    """A throwaway redis-server on an ephemeral loopback port, no persistence."""
+
+    def __init__(self, workdir: Path, extra_args: tuple[str, ...] = ()) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.workdir = workdir
+        self.args = [
+            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--pidfile", str(workdir / f"redis-{self.port}.pid"), "--dir", str(workdir), *extra_args,
+        ]  # fmt: skip
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)

@@ -1,0 +1,1 @@
+"""muestra's lm service."""

@@ -1,0 +1,5 @@
+import sys
+
+from muestra.cli.main import main
+
+sys.exit(main())

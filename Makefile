@@ -1,24 +1,31 @@
-PY ?= .venv/bin/python
+PY := .venv/bin/python
+STAMP := .venv/.installed
 
-.PHONY: dev proto proto-check lint test bench up
+.PHONY: dev up test lint proto proto-check ci
 
-dev:            ## create .venv and install every distribution for development
+# Install every distribution (editable) and the test references into .venv, once per change
+# of the requirements or of any pyproject.toml.
+$(STAMP): requirements-dev.txt $(wildcard */pyproject.toml */*/pyproject.toml)
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -r requirements-dev.txt
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $(STAMP)
 
-proto:          ## regenerate the Python stubs from proto/
-	$(PY) scripts/gen_proto.py
+dev: $(STAMP)                 ## install everything for development
 
-proto-check:    ## fail if the committed stubs are stale
-	$(PY) scripts/gen_proto.py --check
+up: $(STAMP)                  ## start every service on loopback with the default models
+	.venv/bin/muestra up
 
-lint:
+test: $(STAMP)                ## run the test suite (starts its own redis-server and services)
+	scripts/ensure_redis.sh
+	$(PY) -m pytest
+
+lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test:           ## the test suite (needs redis-server on PATH)
-	$(PY) -m pytest
+proto: $(STAMP)               ## regenerate the Python stubs from proto/*.proto
+	$(PY) scripts/gen_proto.py
 
-up:             ## every service as a local process on loopback
-	.venv/bin/muestra up
+proto-check: $(STAMP)         ## fail if the committed stubs are stale
+	$(PY) scripts/gen_proto.py --check

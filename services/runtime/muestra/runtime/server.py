@@ -32,6 +32,8 @@ class ServiceSpec:
     register: Callable[[grpc.aio.Server], Awaitable[list[str]]]
     # Called once after the server has stopped.
     close: Callable[[], Awaitable[None]] | None = None
+    # More server interceptors, run inside the error-mapping one (so their errors are mapped too).
+    interceptors: list[grpc.aio.ServerInterceptor] = dataclasses.field(default_factory=list)
 
 
 async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event | None = None) -> None:

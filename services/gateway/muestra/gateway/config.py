@@ -1,0 +1,29 @@
+"""Gateway settings (flags or MUESTRA_GATEWAY_* / MUESTRA_* variables)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from muestra.runtime import ServiceConfig
+
+
+def _f(default, help_text: str):
+    return dataclasses.field(default=default, metadata={"help": help_text})
+
+
+@dataclasses.dataclass
+class GatewayConfig(ServiceConfig):
+    tokenizer_addr: str = _f("127.0.0.1:50052", "tokenizer service address (default text model)")
+    lm_addr: str = _f("127.0.0.1:50053", "lm replica addresses, comma-separated (default text model)")
+    diffusion_addr: str = _f("", "diffusion service address (empty: no image model)")
+    models_config: str = _f("", "JSON file mapping model names to endpoints (several models)")
+    api_keys: str = _f("", "comma-separated API keys; when set, every RPC but health needs one")
+    max_queue: int = _f(256, "requests waiting for admission per lm replica before RESOURCE_EXHAUSTED")
+    max_batch_rows: int = _f(32, "rows the gateway keeps in one lm replica's running batch")
+    max_prompt_bytes: int = _f(256 * 1024, "longest prompt (or all chat messages together), in UTF-8 bytes")
+    max_n: int = _f(16, "most completions per request (n) and most beams")
+    max_stop_strings: int = _f(16, "most stop strings per request")
+    max_stop_bytes: int = _f(256, "longest stop string, in UTF-8 bytes")
+    max_top_logprobs: int = _f(20, "most alternatives per token with logprobs")
+    startup_timeout_s: float = _f(120.0, "how long to wait for the backend services at start")
+    redis_url: str = _f("", "Redis URL for the prompt-prefix KV cache (empty: in-process cache)")

@@ -1,0 +1,158 @@
+"""Which model names the gateway serves, and the tokenizer, lm and diffusion endpoints behind each."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import grpc
+
+from muestra.runtime.channels import service_channel
+from muestra.runtime.errors import NotFound
+from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc, lm_pb2, lm_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+
+log = logging.getLogger("muestra.gateway.models")
+
+
+@dataclasses.dataclass
+class LmReplica:
+    address: str
+    stub: lm_pb2_grpc.LanguageModelStub
+
+
+@dataclasses.dataclass
+class TextModel:
+    name: str
+    tokenizer: tokenizer_pb2_grpc.TokenizerStub
+    tokenizer_model: str
+    replicas: list[LmReplica]
+    # From the lm and tokenizer services' Describe.
+    vocab_size: int = 0
+    context_length: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    generation_config: dict = dataclasses.field(default_factory=dict)
+    fingerprint: str = ""
+    has_chat_template: bool = False
+    add_bos: bool = False
+
+
+@dataclasses.dataclass
+class ImageModel:
+    name: str
+    address: str
+    stub: diffusion_pb2_grpc.DiffusionStub
+    schedulers: list[str] = dataclasses.field(default_factory=list)
+
+
+def _endpoints_from_config(config) -> tuple[dict, dict]:
+    """{name: {tokenizer, tokenizer_model, lm: [...]}} and {name: {diffusion}} from the settings."""
+    if config.models_config:
+        spec = json.loads(Path(config.models_config).read_text())
+        return spec.get("text", {}), spec.get("image", {})
+    text = {"": {"tokenizer": config.tokenizer_addr, "lm": [a.strip() for a in config.lm_addr.split(",") if a.strip()]}}
+    image = {"": {"diffusion": config.diffusion_addr}} if config.diffusion_addr else {}
+    return text, image
+
+
+async def _retry(what: str, call, deadline: float):
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"{what} unreachable: {exc.code().name} {exc.details()}") from exc
+            await asyncio.sleep(0.5)
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self.text: dict[str, TextModel] = {}
+        self.image: dict[str, ImageModel] = {}
+        self.default_text = ""
+        self.default_image = ""
+        self._channels: list[grpc.aio.Channel] = []
+
+    def _channel(self, address: str, max_message_bytes: int) -> grpc.aio.Channel:
+        channel = service_channel(address, max_message_bytes)
+        self._channels.append(channel)
+        return channel
+
+    async def connect(self, config) -> None:
+        """Describe every endpoint (waiting up to startup_timeout_s for each) and name the models."""
+        deadline = asyncio.get_running_loop().time() + config.startup_timeout_s
+        text_spec, image_spec = _endpoints_from_config(config)
+        for name, spec in text_spec.items():
+            tokenizer = tokenizer_pb2_grpc.TokenizerStub(self._channel(spec["tokenizer"], config.max_message_bytes))
+            replicas = [
+                LmReplica(addr, lm_pb2_grpc.LanguageModelStub(self._channel(addr, config.max_message_bytes)))
+                for addr in spec["lm"]
+            ]
+            lm_info = await _retry(
+                f"lm {spec['lm'][0]}", lambda r=replicas[0]: r.stub.Describe(lm_pb2.DescribeModelRequest()), deadline
+            )
+            tok_model = spec.get("tokenizer_model", "")
+            tok_info = await _retry(
+                f"tokenizer {spec['tokenizer']}",
+                lambda t=tokenizer, m=tok_model: t.Describe(tokenizer_pb2.DescribeTokenizerRequest(model=m)),
+                deadline,
+            )
+            model = TextModel(
+                name=name or lm_info.model,
+                tokenizer=tokenizer,
+                tokenizer_model=tok_info.model,
+                replicas=replicas,
+                vocab_size=lm_info.vocab_size,
+                context_length=lm_info.context_length,
+                eos_token_ids=tuple(lm_info.eos_token_ids) or tuple(tok_info.eos_token_ids),
+                generation_config=json.loads(lm_info.generation_config_json or "{}"),
+                fingerprint=lm_info.fingerprint,
+                has_chat_template=tok_info.has_chat_template,
+            )
+            for replica in replicas[1:]:
+                other = await _retry(
+                    f"lm {replica.address}", lambda r=replica: r.stub.Describe(lm_pb2.DescribeModelRequest()), deadline
+                )
+                if other.fingerprint != model.fingerprint:
+                    raise RuntimeError(f"lm replicas of {model.name} serve different models: {replica.address}")
+            self.text[model.name] = model
+            self.default_text = self.default_text or model.name
+            log.info(
+                "text model %s: %d replica(s), context %d, vocab %d",
+                model.name,
+                len(replicas),
+                model.context_length,
+                model.vocab_size,
+            )
+        for name, spec in image_spec.items():
+            stub = diffusion_pb2_grpc.DiffusionStub(self._channel(spec["diffusion"], config.max_message_bytes))
+            info = await _retry(
+                f"diffusion {spec['diffusion']}",
+                lambda s=stub: s.Describe(diffusion_pb2.DescribeDiffusionRequest()),
+                deadline,
+            )
+            schedulers = await stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest())
+            model = ImageModel(name or info.model, spec["diffusion"], stub, [s.name for s in schedulers.schedulers])
+            self.image[model.name] = model
+            self.default_image = self.default_image or model.name
+            log.info("image model %s at %s", model.name, spec["diffusion"])
+
+    def text_model(self, name: str) -> TextModel:
+        model = self.text.get(name or self.default_text)
+        if model is None:
+            known = ", ".join(sorted(self.text)) or "none"
+            raise NotFound(f"model: unknown text model {name!r}; known: {known}")
+        return model
+
+    def image_model(self, name: str) -> ImageModel:
+        model = self.image.get(name or self.default_image)
+        if model is None:
+            known = ", ".join(sorted(self.image)) or "none"
+            raise NotFound(f"model: unknown image model {name!r}; known: {known}")
+        return model
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()

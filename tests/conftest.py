@@ -8,6 +8,7 @@ from tests.harness import RedisServer
 
 pytest_plugins = [
     "tests.fixtures.tokenizers",
+    "tests.fixtures.lm_models",
 ]
 
 

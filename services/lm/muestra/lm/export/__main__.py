@@ -1,0 +1,47 @@
+"""python -m muestra.lm.export SRC OUT [--dtype float16] [--quantize int8] [--eval-text FILE]"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from muestra.lm.export.exporter import DTYPES, ExportError, export_lm
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m muestra.lm.export",
+        description="Export a local transformers causal-LM folder to muestra's ONNX layout (model.onnx + KV cache).",
+    )
+    parser.add_argument("src", type=Path, help="a transformers model folder (config.json, weights, tokenizer)")
+    parser.add_argument("out", type=Path, help="the output folder; must not exist or be empty")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and KV-cache dtype")
+    parser.add_argument("--quantize", choices=["int8"], help="quantize the float32 export's weights")
+    parser.add_argument("--eval-text", type=Path, metavar="FILE", help="report perplexity on this UTF-8 text")
+    parser.add_argument(
+        "--all-logits",
+        action="store_true",
+        help="emit logits for every position ([batch, seq, vocab]) instead of only the last ([batch, 1, vocab])",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    try:
+        eval_text = args.eval_text.read_text(encoding="utf-8") if args.eval_text else None
+        export_lm(
+            args.src,
+            args.out,
+            dtype=args.dtype,
+            quantize=args.quantize,
+            eval_text=eval_text,
+            progress=not args.quiet,
+            last_logits_only=not args.all_logits,
+        )
+    except (ExportError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

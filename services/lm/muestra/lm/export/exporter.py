@@ -1,0 +1,284 @@
+"""`export_lm`: a local transformers causal-LM folder -> the optimum-style ONNX folder the lm service loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import onnx
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from muestra.lm.export import checks
+from muestra.lm.export.families import (
+    FAMILIES,
+    FlatCacheLM,
+    dynamic_axes,
+    input_names,
+    kv_shape,
+    output_names,
+)
+from muestra.lm.export.quantize import quantize_int8
+
+METADATA_FILE = "muestra_export.json"
+METADATA_FORMAT = 1
+OPSET = 17
+# Above this many bytes of weights the graph keeps its tensors in model.onnx.data (protobuf caps a file at 2 GiB).
+EXTERNAL_DATA_THRESHOLD = 1_500_000_000
+# Perplexity decodes one token at a time through the KV cache; this bounds the cost of --eval-text.
+EVAL_MAX_TOKENS = 512
+# An fp32 export whose logits differ more than this from PyTorch is broken, not merely imprecise.
+FLOAT32_TOLERANCE = 1e-2
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+class ExportError(ValueError):
+    """The source folder or the options cannot produce a valid export."""
+
+
+def export_lm(
+    src: Path,
+    out: Path,
+    *,
+    dtype: str = "float32",
+    quantize: str | None = None,
+    eval_text: str | None = None,
+    progress: bool = True,
+    last_logits_only: bool = True,
+) -> Path:
+    """Export the causal LM in `src` to `out` (which must not exist or be empty) and return `out`."""
+    src, out = Path(src), Path(out)
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if quantize not in (None, "int8"):
+        raise ExportError(f"quantize must be None or 'int8', got {quantize!r}")
+    if quantize and dtype != "float32":
+        raise ExportError("quantize='int8' quantizes the float32 export; use dtype='float32'")
+    family = _check_source(src)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"output folder {out} already exists and is not empty")
+    log = _Progress(progress)
+
+    with log.step(f"loading {family.name} model from {src}"):
+        config = AutoConfig.from_pretrained(src)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], attn_implementation="eager").eval()
+    kv = kv_shape(config)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with log.step(f"tracing to ONNX (opset {OPSET}, {kv.num_layers} layers, {dtype})"):
+            external = _export_graph(model, family, kv.num_layers, last_logits_only, staging)
+        metadata = {
+            "format": METADATA_FORMAT,
+            "family": family.name,
+            "logits": "last" if last_logits_only else "all",
+            "logits_dtype": "float32",
+            "kv_dtype": dtype,
+            "weights_dtype": dtype,
+            "position_ids": family.position_ids,
+            "num_layers": kv.num_layers,
+            "num_kv_heads": kv.num_kv_heads,
+            "head_dim": kv.head_dim,
+            "external_data": external,
+            "exporter": {"torch": torch.__version__, "transformers": transformers.__version__, "opset": OPSET},
+        }
+        with log.step("validating with onnxruntime against PyTorch"):
+            metadata["validation"] = _validate(model, staging / "model.onnx", config.vocab_size, dtype)
+        log.info(f"max |logits(onnxruntime) - logits(torch)| = {metadata['validation']['max_abs_diff']}")
+
+        eval_ids = _eval_token_ids(src, eval_text, config) if eval_text is not None else None
+        if quantize:
+            metadata.update(_quantize(staging, model, config.vocab_size, eval_ids, log))
+        elif eval_ids is not None:
+            with log.step(f"perplexity on {len(eval_ids)} tokens"):
+                ppl = checks.perplexity(checks.ort_session(staging / "model.onnx"), eval_ids)
+            metadata["perplexity"] = {"tokens": len(eval_ids), dtype: ppl}
+            log.info(f"perplexity = {ppl:.4f}")
+
+        _copy_side_files(src, staging, config)
+        (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info(f"wrote {out}")
+    return out
+
+
+def _check_source(src: Path):
+    if not src.is_dir():
+        raise ExportError(f"source {src} is not a folder")
+    config_path = src / "config.json"
+    if not config_path.is_file():
+        raise ExportError(f"source {src} has no config.json; expected a transformers model folder (save_pretrained)")
+    try:
+        model_type = json.loads(config_path.read_text()).get("model_type")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ExportError(f"{config_path} is not a valid JSON object: {exc}") from exc
+    if model_type not in FAMILIES:
+        raise ExportError(f"model_type {model_type!r} in {config_path} is not supported; supported: {sorted(FAMILIES)}")
+    if not any((src / name).is_file() for name in WEIGHT_FILES):
+        raise ExportError(f"source {src} has no weights (looked for {', '.join(WEIGHT_FILES)})")
+    if not any((src / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise ExportError(f"source {src} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
+    return FAMILIES[model_type]
+
+
+def _export_graph(model, family, num_layers: int, last_logits_only: bool, staging: Path) -> bool:
+    """Trace the wrapped model and write staging/model.onnx; returns whether the weights went to external data."""
+    # eval() on the wrapper too: the exporter restores the wrapper's mode afterwards, recursively.
+    wrapper = FlatCacheLM(model, family, num_layers, last_logits_only).eval()
+    kv = kv_shape(model.config)
+    # Distinct sizes on every dynamic axis, so the tracer cannot confuse one axis with another.
+    batch, seq, past = 2, 3, 5
+    ids = torch.randint(2, model.config.vocab_size, (batch, seq))
+    mask = torch.ones(batch, past + seq, dtype=torch.int64)
+    args = [ids, mask]
+    if family.position_ids:
+        args.append(torch.arange(past, past + seq).expand(batch, seq).contiguous())
+    dtype = next(model.parameters()).dtype
+    for _ in range(2 * num_layers):
+        args.append(torch.randn(batch, kv.num_kv_heads, past, kv.head_dim, dtype=dtype))
+    raw_dir = staging / "raw"
+    raw_dir.mkdir()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapper,
+            tuple(args),
+            str(raw_dir / "model.onnx"),
+            input_names=input_names(family, num_layers),
+            output_names=output_names(num_layers),
+            dynamic_axes=dynamic_axes(family, num_layers, last_logits_only),
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    graph = onnx.load(str(raw_dir / "model.onnx"))
+    weight_bytes = sum(len(t.raw_data) for t in graph.graph.initializer)
+    external = weight_bytes > EXTERNAL_DATA_THRESHOLD
+    onnx.save_model(
+        graph,
+        str(staging / "model.onnx"),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location="model.onnx.data",
+    )
+    shutil.rmtree(raw_dir)
+    return external
+
+
+def _validate(model, onnx_path: Path, vocab_size: int, dtype: str) -> dict:
+    try:
+        session = checks.ort_session(onnx_path)
+        diff = checks.max_abs_diff_against_torch(model, session, vocab_size)
+    except Exception as exc:  # onnxruntime's CPU provider lacks some float16 kernels
+        if dtype == "float32":
+            raise
+        return {"max_abs_diff": None, "skipped": f"onnxruntime could not run the {dtype} graph here: {exc}"}
+    if dtype == "float32" and not diff <= FLOAT32_TOLERANCE:
+        raise ExportError(f"exported graph disagrees with PyTorch: max abs logit diff {diff} > {FLOAT32_TOLERANCE}")
+    return {"max_abs_diff": diff, "reference": f"transformers {dtype}", "providers": session.get_providers()}
+
+
+def _quantize(staging: Path, model, vocab_size: int, eval_ids: list[int] | None, log: _Progress) -> dict:
+    fp32_path, int8_path = staging / "model.onnx", staging / "model.int8.onnx"
+    fields: dict = {"weights_dtype": "int8"}
+    if eval_ids is not None:
+        with log.step(f"float32 perplexity on {len(eval_ids)} tokens"):
+            before = checks.perplexity(checks.ort_session(fp32_path), eval_ids, "float32 perplexity")
+    with log.step("quantizing weights to int8 (onnxruntime quantize_dynamic)"):
+        external = quantize_int8(fp32_path, int8_path, EXTERNAL_DATA_THRESHOLD)
+    for path in (fp32_path, staging / "model.onnx.data"):
+        path.unlink(missing_ok=True)
+    int8_path.rename(fp32_path)
+    if external:
+        (staging / "model.int8.onnx.data").rename(staging / "model.onnx.data")
+        _relocate_external_data(fp32_path, "model.onnx.data")
+    fields["external_data"] = external
+    fields["validation_int8"] = {
+        "max_abs_diff": checks.max_abs_diff_against_torch(model, checks.ort_session(fp32_path), vocab_size)
+    }
+    if eval_ids is not None:
+        with log.step(f"int8 perplexity on {len(eval_ids)} tokens"):
+            after = checks.perplexity(checks.ort_session(fp32_path), eval_ids, "int8 perplexity")
+        fields["perplexity"] = {"tokens": len(eval_ids), "float32": before, "int8": after}
+        log.info(f"perplexity float32 = {before:.4f}, int8 = {after:.4f} ({(after / before - 1) * 100:+.2f}%)")
+    return fields
+
+
+def _relocate_external_data(model_path: Path, location: str) -> None:
+    graph = onnx.load(str(model_path), load_external_data=False)
+    for tensor in graph.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save_model(graph, str(model_path))
+
+
+def _eval_token_ids(src: Path, eval_text: str, config) -> list[int]:
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    ids = tokenizer(eval_text)["input_ids"]
+    limit = min(
+        EVAL_MAX_TOKENS,
+        getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", EVAL_MAX_TOKENS),
+    )
+    if len(ids) < 2:
+        raise ExportError("eval_text must tokenize to at least two tokens")
+    return ids[:limit]
+
+
+def _copy_side_files(src: Path, staging: Path, config) -> None:
+    shutil.copy2(src / "config.json", staging / "config.json")
+    if (src / "generation_config.json").is_file():
+        shutil.copy2(src / "generation_config.json", staging / "generation_config.json")
+    else:
+        GenerationConfig.from_model_config(config).save_pretrained(staging)
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, staging / name)
+
+
+class _Progress:
+    """One stderr line when a long step starts and one when it ends."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def info(self, message: str) -> None:
+        if self.enabled:
+            print(f"[export-lm] {message}", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def step(self, message: str):
+        self.info(f"{message} ...")
+        started = time.monotonic()
+        yield
+        self.info(f"{message}: done in {time.monotonic() - started:.1f} s")

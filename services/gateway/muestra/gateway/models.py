@@ -45,6 +45,8 @@ class ImageModel:
     address: str
     stub: diffusion_pb2_grpc.DiffusionStub
     schedulers: list[str] = dataclasses.field(default_factory=list)
+    # Every name a request may use for a scheduler: the registered names and their aliases.
+    scheduler_names: set[str] = dataclasses.field(default_factory=set)
 
 
 def _endpoints_from_config(config) -> tuple[dict, dict]:
@@ -134,7 +136,10 @@ class ModelRegistry:
                 deadline,
             )
             schedulers = await stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest())
-            model = ImageModel(name or info.model, spec["diffusion"], stub, [s.name for s in schedulers.schedulers])
+            names = {n for s in schedulers.schedulers for n in (s.name, *s.aliases)}
+            model = ImageModel(
+                name or info.model, spec["diffusion"], stub, [s.name for s in schedulers.schedulers], names
+            )
             self.image[model.name] = model
             self.default_image = self.default_image or model.name
             log.info("image model %s at %s", model.name, spec["diffusion"])

@@ -1,0 +1,117 @@
+"""A generation request as the scheduler sees it: its prompt, its n sequences and their output."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import numpy as np
+
+from muestra.gateway.detokenize import DetokenizeState
+from muestra.gateway.stops import StopStringMatcher
+from muestra.v1 import gateway_pb2
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    n: int
+    seed: int
+    chain: object  # the prepared sampler chain (muestra.gateway.sampling)
+    stop: list[str] = dataclasses.field(default_factory=list)
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    include_stop_str_in_output: bool = False
+    deadline: float | None = None  # time.monotonic() after which the request is cancelled
+    # Filled in by the gateway and the scheduler.
+    arrival: float = dataclasses.field(default_factory=time.monotonic)
+    admitted: float | None = None
+    cancelled: bool = False
+    cached_tokens: int = 0
+    replica: str = ""
+    # What the Generate handler streams: GenerateResponse messages, an exception, or None at the end.
+    out: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
+    open_sequences: int = 0
+
+    def emit(self, message: gateway_pb2.GenerateResponse) -> None:
+        self.out.put_nowait(message)
+
+    def fail(self, exc: BaseException) -> None:
+        """End the whole request with an error status (only before anything was streamed)."""
+        self.out.put_nowait(exc)
+
+
+class Sequence:
+    """One of a request's n completions: one row of the lm batch (several for beam search)."""
+
+    def __init__(self, request: GenerationRequest, index: int, context_ids: list[int]) -> None:
+        self.request = request
+        self.index = index
+        self.rng = np.random.default_rng([request.seed, index])
+        self.generated: list[int] = []
+        self.pending_token: int | None = None  # sampled but not yet fed to the lm
+        self.detok = DetokenizeState(context_ids)
+        self.stops = StopStringMatcher(request.stop, request.include_stop_str_in_output)
+        self.unsent_ids: list[int] = []
+        self.unsent_logprobs: list[gateway_pb2.TokenLogprob] = []
+        self.finish_reason: int = gateway_pb2.FINISH_REASON_UNSPECIFIED
+        self.stop_reason = ""
+        self.first_token_at: float | None = None
+        self.done_sent = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason != gateway_pb2.FINISH_REASON_UNSPECIFIED or self.request.cancelled
+
+    def finish(self, reason: int, stop_reason: str = "") -> None:
+        if self.finish_reason == gateway_pb2.FINISH_REASON_UNSPECIFIED:
+            self.finish_reason = reason
+            self.stop_reason = stop_reason
+
+    def emit_text(self, text: str) -> None:
+        """Stream text (and the ids produced since the last delta)."""
+        if not text and not self.unsent_ids:
+            return
+        delta = gateway_pb2.TextDelta(text=text, token_ids=self.unsent_ids, logprobs=self.unsent_logprobs)
+        self.unsent_ids, self.unsent_logprobs = [], []
+        self.request.emit(gateway_pb2.GenerateResponse(index=self.index, delta=delta))
+
+    def emit_done(self, error: str = "") -> None:
+        if self.done_sent:
+            return
+        self.done_sent = True
+        request = self.request
+        now = time.monotonic()
+        reason = self.finish_reason or (gateway_pb2.CANCELLED if request.cancelled else gateway_pb2.ERROR)
+        if error:
+            reason = gateway_pb2.ERROR
+        ttft = (self.first_token_at - request.arrival) if self.first_token_at else 0.0
+        decode_time = now - self.first_token_at if self.first_token_at else 0.0
+        tokens_per_s = (len(self.generated) - 1) / decode_time if decode_time > 0 and len(self.generated) > 1 else 0.0
+        done = gateway_pb2.Completion(
+            finish_reason=reason,
+            stop_reason=self.stop_reason,
+            usage=gateway_pb2.Usage(
+                prompt_tokens=len(request.prompt_ids),
+                completion_tokens=len(self.generated),
+                cached_tokens=request.cached_tokens,
+            ),
+            timings=gateway_pb2.Timings(
+                queue_ms=((request.admitted or now) - request.arrival) * 1000,
+                ttft_ms=ttft * 1000,
+                total_ms=(now - request.arrival) * 1000,
+                tokens_per_s=tokens_per_s,
+            ),
+            error=error,
+            seed=request.seed,
+            replica=request.replica,
+        )
+        request.emit(gateway_pb2.GenerateResponse(index=self.index, done=done))
+        request.open_sequences -= 1
+        if request.open_sequences <= 0:
+            request.out.put_nowait(None)

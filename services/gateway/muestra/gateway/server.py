@@ -1,0 +1,214 @@
+"""The gateway's gRPC surface: Generate, GenerateImage and the listings."""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import time
+
+import grpc
+
+from muestra.gateway.config import GatewayConfig
+from muestra.gateway.models import ModelRegistry, TextModel
+from muestra.gateway.request import GenerationRequest
+from muestra.gateway.scheduler import ReplicaScheduler, grpc_error_to_muestra
+from muestra.runtime.errors import InvalidArgument, check_limit
+from muestra.runtime.logs import request_id_var
+from muestra.v1 import gateway_pb2, gateway_pb2_grpc, tokenizer_pb2
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", errors="surrogatepass"))
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, config: GatewayConfig, registry: ModelRegistry, samplers) -> None:
+        self.config = config
+        self.registry = registry
+        self.samplers = samplers
+        self.schedulers: dict[str, list[ReplicaScheduler]] = {
+            model.name: [
+                ReplicaScheduler(model, replica, samplers, config.max_batch_rows, config.max_queue)
+                for replica in model.replicas
+            ]
+            for model in registry.text.values()
+        }
+
+    # -- text ---------------------------------------------------------------------------------
+
+    def _validate(self, request: gateway_pb2.GenerateRequest) -> None:
+        cfg = self.config
+        check_limit("n", request.n or 1, 1, cfg.max_n)
+        check_limit("top_logprobs", request.top_logprobs, 0, cfg.max_top_logprobs)
+        check_limit("stop", len(request.stop), 0, cfg.max_stop_strings)
+        for i, stop in enumerate(request.stop):
+            if not stop:
+                raise InvalidArgument(f"stop[{i}]", "is empty")
+            if _utf8_len(stop) > cfg.max_stop_bytes:
+                raise InvalidArgument(f"stop[{i}]", f"is {_utf8_len(stop)} bytes; the limit is {cfg.max_stop_bytes}")
+        kind = request.WhichOneof("input")
+        if kind is None:
+            raise InvalidArgument("prompt", "give a prompt or messages")
+        if kind == "prompt":
+            if not request.prompt:
+                raise InvalidArgument("prompt", "is empty")
+            size = _utf8_len(request.prompt)
+        else:
+            if not request.messages.messages:
+                raise InvalidArgument("messages", "is empty")
+            size = sum(_utf8_len(m.content) for m in request.messages.messages)
+        if size > cfg.max_prompt_bytes:
+            raise InvalidArgument(kind, f"is {size} bytes; the limit is {cfg.max_prompt_bytes}")
+
+    async def _prompt_ids(self, model: TextModel, request: gateway_pb2.GenerateRequest) -> list[int]:
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        try:
+            if request.WhichOneof("input") == "messages":
+                reply = await model.tokenizer.ApplyChatTemplate(
+                    tokenizer_pb2.ApplyChatTemplateRequest(
+                        model=model.tokenizer_model,
+                        messages=request.messages.messages,
+                        add_generation_prompt=True,
+                        tokenize=True,
+                    )
+                )
+                return list(reply.ids)
+            reply = await model.tokenizer.Encode(
+                tokenizer_pb2.EncodeRequest(
+                    model=model.tokenizer_model, texts=[request.prompt], add_special_tokens=add_special
+                )
+            )
+            return list(reply.encodings[0].ids)
+        except grpc.aio.AioRpcError as exc:
+            raise grpc_error_to_muestra(exc) from exc
+
+    def _pick_scheduler(self, model: TextModel) -> ReplicaScheduler:
+        return min(self.schedulers[model.name], key=lambda s: s.load())
+
+    async def prepare(
+        self, request: gateway_pb2.GenerateRequest, context
+    ) -> tuple[GenerationRequest, ReplicaScheduler]:
+        """Validate, tokenize and build the scheduler's request (shared with the HTTP API)."""
+        model = self.registry.text_model(request.model)
+        self._validate(request)
+        chain = self.samplers.prepare(list(request.samplers), model.generation_config, request)
+        prompt_ids = await self._prompt_ids(model, request)
+        if not prompt_ids:
+            raise InvalidArgument("prompt", "encodes to no tokens")
+        context_length = model.context_length
+        if len(prompt_ids) >= context_length:
+            raise InvalidArgument(
+                "prompt", f"has {len(prompt_ids)} tokens; the model's context length is {context_length}"
+            )
+        room = context_length - len(prompt_ids)
+        if request.max_tokens > room:
+            raise InvalidArgument(
+                "max_tokens",
+                f"{request.max_tokens} plus the prompt's {len(prompt_ids)} tokens exceeds the context length "
+                f"{context_length} (at most {room} here)",
+            )
+        deadline = None
+        if request.timeout_ms:
+            deadline = time.monotonic() + request.timeout_ms / 1000
+        remaining = context.time_remaining() if context is not None else None
+        if remaining is not None and math.isfinite(remaining):
+            deadline = min(deadline or math.inf, time.monotonic() + remaining)
+        generation = GenerationRequest(
+            request_id=request_id_var.get(),
+            prompt_ids=prompt_ids,
+            max_tokens=request.max_tokens or room,
+            n=request.n or 1,
+            seed=request.seed if request.HasField("seed") else secrets.randbits(63),
+            chain=chain,
+            stop=list(request.stop),
+            stop_token_ids=frozenset(request.stop_token_ids),
+            ignore_eos=request.ignore_eos,
+            logprobs=request.logprobs or request.top_logprobs > 0,
+            top_logprobs=request.top_logprobs,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            deadline=deadline,
+        )
+        return generation, self._pick_scheduler(model)
+
+    async def Generate(self, request, context):
+        generation, scheduler = await self.prepare(request, context)
+        scheduler.submit(generation)
+        finished = False
+        try:
+            while True:
+                item = await generation.out.get()
+                if item is None:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished:
+                generation.cancelled = True
+                scheduler.poke()
+
+    # -- images -------------------------------------------------------------------------------
+
+    async def GenerateImage(self, request, context):
+        model = self.registry.image_model(request.model)
+        if request.sampler and request.sampler not in model.scheduler_names:
+            raise InvalidArgument(
+                "sampler", f"unknown scheduler {request.sampler!r}; known: {', '.join(model.schedulers)}"
+            )
+        call = model.stub.Generate(request)
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as exc:
+            raise grpc_error_to_muestra(exc) from exc
+        finally:
+            call.cancel()
+
+    # -- listings -----------------------------------------------------------------------------
+
+    async def ListModels(self, request, context):
+        models = [
+            gateway_pb2.ModelInfo(
+                name=m.name,
+                kind="text",
+                context_length=m.context_length,
+                vocab_size=m.vocab_size,
+                replicas=len(m.replicas),
+            )
+            for m in self.registry.text.values()
+        ]
+        models += [gateway_pb2.ModelInfo(name=m.name, kind="image", replicas=1) for m in self.registry.image.values()]
+        return gateway_pb2.ListModelsResponse(models=models)
+
+    async def ListSamplers(self, request, context):
+        return gateway_pb2.ListSamplersResponse(
+            samplers=[
+                gateway_pb2.SamplerInfo(
+                    name=info.name,
+                    plugin=info.plugin,
+                    distribution=info.distribution,
+                    version=info.version,
+                    description=info.description,
+                    parameter_schema=json.dumps(info.parameter_schema),
+                    argmax_invariant=info.argmax_invariant,
+                )
+                for info in self.samplers.list()
+            ]
+        )
+
+    async def ListPlugins(self, request, context):
+        return gateway_pb2.ListPluginsResponse(
+            plugins=[
+                gateway_pb2.PluginInfo(
+                    name=p.name,
+                    distribution=p.distribution,
+                    version=p.version,
+                    disabled=p.disabled,
+                    samplers=p.samplers,
+                )
+                for p in self.samplers.plugins()
+            ]
+        )

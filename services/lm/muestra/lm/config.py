@@ -1,0 +1,32 @@
+"""Settings of the lm service."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from muestra.runtime import ServiceConfig
+
+
+@dataclasses.dataclass
+class LmConfig(ServiceConfig):
+    model: str = dataclasses.field(
+        default="", metadata={"help": "model folder (model.onnx, config.json, generation_config.json, tokenizer)"}
+    )
+    model_name: str = dataclasses.field(
+        default="", metadata={"help": "name reported by Describe (default: the folder's name)"}
+    )
+    providers: str = dataclasses.field(
+        default="auto",
+        metadata={"help": "onnxruntime execution providers by priority (cuda, cpu or full names); auto: CUDA if any"},
+    )
+    intra_op_threads: int = dataclasses.field(
+        default=0, metadata={"help": "onnxruntime intra-op threads (0: onnxruntime's default)"}
+    )
+    max_batch_rows: int = dataclasses.field(default=64, metadata={"help": "largest number of rows one batch may hold"})
+    kv_budget_bytes: int = dataclasses.field(
+        default=4 << 30, metadata={"help": "bytes of KV cache (plus prefill logits) the service may hold at once"}
+    )
+    context_length: int = dataclasses.field(
+        default=0, metadata={"help": "longest prompt plus generation (0: from config.json; may only lower it)"}
+    )
+    max_top_n: int = dataclasses.field(default=64, metadata={"help": "largest top_n a TOP_N output may ask for"})

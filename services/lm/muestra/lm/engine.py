@@ -1,0 +1,215 @@
+"""The batches the service holds, their limits and their KV budget; every method runs on one thread.
+
+The server calls these methods from a single-thread executor, so model calls are serialized and
+the batch table is never touched concurrently. A request that breaks a limit raises before any
+batch changes; a batch is replaced only after its step succeeded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+
+from muestra.lm.batch import Batch, OutputSpec
+from muestra.lm.model import OnnxDecoder
+from muestra.runtime.errors import InvalidArgument, ResourceExhausted, check_limit
+from muestra.v1 import lm_pb2
+
+_KINDS = (lm_pb2.OUTPUT_KIND_UNSPECIFIED, lm_pb2.LOGITS, lm_pb2.TOP_N, lm_pb2.ARGMAX)
+
+
+@dataclasses.dataclass
+class PrefillInput:
+    request_id: str
+    input_ids: np.ndarray
+    output: OutputSpec
+    # KV of tokens before input_ids (one [kv_heads, p, head_dim] array per past input), or None.
+    past: list[np.ndarray] | None = None
+
+
+@dataclasses.dataclass
+class DecodeInput:
+    batch_id: str
+    next_ids: np.ndarray
+    # One spec per row, or None to keep each row's previous spec.
+    outputs: list[OutputSpec] | None
+
+
+@dataclasses.dataclass
+class StepResult:
+    batch_id: str
+    logits: np.ndarray
+    specs: list[OutputSpec]
+    forward_us: int
+
+
+@dataclasses.dataclass
+class Load:
+    batches: int
+    rows: int
+    kv_bytes: int
+    kv_budget_bytes: int
+
+
+class Engine:
+    def __init__(self, decoder: OnnxDecoder, max_batch_rows: int, kv_budget_bytes: int, max_top_n: int) -> None:
+        self.decoder = decoder
+        self.info = decoder.info
+        self.max_batch_rows = max_batch_rows
+        self.kv_budget_bytes = kv_budget_bytes
+        self.max_top_n = max_top_n
+        self.batches: dict[str, Batch] = {}
+        self._sizes: dict[str, tuple[int, int]] = {}
+        self._kv_bytes = 0
+        self._rows = 0
+
+    def load(self) -> Load:
+        return Load(len(self.batches), self._rows, self._kv_bytes, self.kv_budget_bytes)
+
+    def check_output(self, field: str, kind: int, top_n: int) -> OutputSpec:
+        if kind not in _KINDS:
+            raise InvalidArgument(f"{field}.kind", f"unknown output kind {kind}")
+        if kind == lm_pb2.TOP_N:
+            check_limit(f"{field}.top_n", top_n, 1, self.max_top_n)
+        return (kind, top_n)
+
+    def check_ids(self, field: str, ids: np.ndarray) -> None:
+        if ids.size and int(ids.max()) >= self.info.vocab_size:
+            bad = int(np.argmax(ids >= self.info.vocab_size))
+            raise InvalidArgument(
+                f"{field}[{bad}]", f"token id {int(ids[bad])} is out of range (vocab_size {self.info.vocab_size})"
+            )
+
+    def _batch(self, field: str, batch_id: str) -> Batch:
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            raise InvalidArgument(
+                field, f"unknown batch {batch_id!r} (Decode, Filter and Clear replace or free batches)"
+            )
+        return batch
+
+    def _reserve(self, call: str, freed: int, needed: int, transient: int = 0) -> None:
+        after = self._kv_bytes - freed + needed
+        if after + transient > self.kv_budget_bytes:
+            extra = f" plus {transient} bytes of prefill logits" if transient else ""
+            raise ResourceExhausted(
+                f"kv_budget_bytes: this {call} needs {needed} bytes of KV{extra}, which with the "
+                f"{self._kv_bytes - freed} bytes held by other batches exceeds the budget of "
+                f"{self.kv_budget_bytes} bytes; finish or filter rows first"
+            )
+
+    def _store(self, batch: Batch, replaces: Sequence[str] = ()) -> str:
+        for old in replaces:
+            self._drop(old)
+        batch_id = uuid.uuid4().hex[:16]
+        self.batches[batch_id] = batch
+        # Sizes as stored: a Decode grows its batch in place before the old entry is dropped.
+        self._sizes[batch_id] = (batch.nbytes, batch.rows)
+        self._kv_bytes += batch.nbytes
+        self._rows += batch.rows
+        return batch_id
+
+    def prefill(self, rows: Sequence[PrefillInput]) -> StepResult:
+        check_limit("rows", len(rows), 1, self.max_batch_rows)
+        context = self.info.context_length
+        for i, row in enumerate(rows):
+            field = f"rows[{i}].input_ids"
+            if row.input_ids.size == 0:
+                raise InvalidArgument(field, "the prompt is empty")
+            held = row.input_ids.size + (row.past[0].shape[1] if row.past is not None else 0)
+            if held >= context:
+                raise InvalidArgument(
+                    field, f"the prompt has {held} tokens; it must be shorter than the context length {context}"
+                )
+            self.check_ids(field, row.input_ids)
+        lengths = [r.input_ids.size + (r.past[0].shape[1] if r.past is not None else 0) for r in rows]
+        fresh = [r.input_ids.size for r in rows if r.past is None]
+        transient = 0
+        if self.decoder.logits_all and fresh:
+            transient = len(fresh) * max(fresh) * self.info.vocab_size * 4
+        self._reserve("Prefill", 0, Batch.padded_bytes(lengths, self.info.kv_bytes_per_token), transient)
+        batch, logits, forward_us = Batch.from_prefill(
+            self.decoder,
+            [r.input_ids for r in rows],
+            [r.request_id for r in rows],
+            [r.output for r in rows],
+            [r.past for r in rows],
+        )
+        return StepResult(self._store(batch), logits, batch.outputs, forward_us)
+
+    def decode(self, items: Sequence[DecodeInput]) -> StepResult:
+        if not items:
+            raise InvalidArgument("batches", "give at least one batch")
+        seen = set()
+        batches = []
+        for i, item in enumerate(items):
+            if item.batch_id in seen:
+                raise InvalidArgument(f"batches[{i}].batch_id", f"batch {item.batch_id!r} is listed twice")
+            seen.add(item.batch_id)
+            batch = self._batch(f"batches[{i}].batch_id", item.batch_id)
+            if item.next_ids.size != batch.rows:
+                raise InvalidArgument(
+                    f"batches[{i}].next_ids", f"got {item.next_ids.size} ids for a batch of {batch.rows} rows"
+                )
+            if item.outputs is not None and len(item.outputs) != batch.rows:
+                raise InvalidArgument(
+                    f"batches[{i}].outputs", f"got {len(item.outputs)} specs for a batch of {batch.rows} rows"
+                )
+            self.check_ids(f"batches[{i}].next_ids", item.next_ids)
+            full = np.flatnonzero(batch.lengths + 1 > self.info.context_length)
+            if full.size:
+                raise InvalidArgument(
+                    f"batches[{i}].next_ids",
+                    f"row {int(full[0])} already holds {int(batch.lengths[full[0]])} tokens, "
+                    f"the context length {self.info.context_length}",
+                )
+            batches.append(batch)
+        rows = sum(b.rows for b in batches)
+        if rows > self.max_batch_rows:
+            raise InvalidArgument(
+                "batches", f"the batches hold {rows} rows together; max_batch_rows is {self.max_batch_rows}"
+            )
+        lengths = np.concatenate([b.lengths for b in batches]) + 1
+        freed = sum(self._sizes[item.batch_id][0] for item in items)
+        self._reserve("Decode", freed, Batch.padded_bytes(lengths.tolist(), self.info.kv_bytes_per_token))
+
+        # A joined copy replaces the originals only once its step has succeeded.
+        batch = batches[0] if len(batches) == 1 else Batch.concatenate(self.decoder, batches)
+        next_ids = np.concatenate([item.next_ids for item in items])
+        specs = [s for item, b in zip(items, batches, strict=True) for s in (item.outputs or b.outputs)]
+        previous = (batch.kv, batch.lengths)
+        try:
+            logits, forward_us = batch.step(self.decoder, next_ids)
+        except BaseException:
+            batch.kv, batch.lengths = previous
+            raise
+        batch.outputs = specs
+        return StepResult(self._store(batch, [item.batch_id for item in items]), logits, specs, forward_us)
+
+    def filter(self, batch_id: str, rows: Sequence[int]) -> tuple[str, int]:
+        batch = self._batch("batch_id", batch_id)
+        check_limit("rows", len(rows), 0, self.max_batch_rows)
+        for i, r in enumerate(rows):
+            if r >= batch.rows:
+                raise InvalidArgument(f"rows[{i}]", f"row {r} is out of range for a batch of {batch.rows} rows")
+        if not rows:
+            self._drop(batch_id)
+            return "", 0
+        keep = int(batch.lengths[list(rows)].max())
+        self._reserve("Filter", batch.nbytes, len(rows) * keep * self.info.kv_bytes_per_token)
+        return self._store(batch.filter(self.decoder, rows), [batch_id]), len(rows)
+
+    def _drop(self, batch_id: str) -> None:
+        if self.batches.pop(batch_id, None) is not None:
+            nbytes, rows = self._sizes.pop(batch_id)
+            self._kv_bytes -= nbytes
+            self._rows -= rows
+
+    def clear(self, batch_ids: Sequence[str]) -> Load:
+        """Free these batches (unknown ids are ignored: they are already free), or all of them."""
+        for batch_id in list(batch_ids or self.batches):
+            self._drop(batch_id)
+        return self.load()

@@ -1,0 +1,257 @@
+"""A decoder model folder (optimum's text-generation-with-past layout) behind one onnxruntime session."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import mmap
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+log = logging.getLogger("muestra.lm")
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_ONNX_DTYPES = {"tensor(float)": np.dtype(np.float32), "tensor(float16)": np.dtype(np.float16)}
+_INT_DTYPES = {"tensor(int64)": np.dtype(np.int64), "tensor(int32)": np.dtype(np.int32)}
+_PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+}
+# Keys of config.json that give the context length, by model family.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+class ModelFolderError(Exception):
+    """The folder cannot be served; the message says what is missing or unsupported."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    fingerprint: str
+    context_length: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: np.dtype
+    # "concat" (the graph concatenates past and new KV) or "shared" (one buffer is past and present).
+    storage: str
+    has_position_ids: bool
+    generation_config_json: str
+    providers: tuple[str, ...]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one token of one row holds, over every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
+
+    @property
+    def layout(self) -> str:
+        return f"{self.storage}:{self.num_layers}x{self.num_kv_heads}x{self.head_dim}:{self.kv_dtype.name}"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ModelFolderError(f"{path.name} is not readable JSON: {exc}") from exc
+
+
+def resolve_providers(requested: str) -> list[str]:
+    """Turn the `providers` setting into onnxruntime provider names, in priority order."""
+    available = ort.get_available_providers()
+    if requested.strip().lower() == "auto":
+        return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+    names = [_PROVIDER_ALIASES.get(p.strip().lower(), p.strip()) for p in requested.split(",") if p.strip()]
+    missing = [n for n in names if n not in available]
+    if not names or missing:
+        raise ModelFolderError(f"providers {requested!r}: {missing or 'none given'} not in {available}")
+    return names
+
+
+def model_fingerprint(onnx_files: list[Path], kv_dtype: np.dtype, layout: str) -> str:
+    """sha256 of the ONNX bytes (graph and external data), the KV dtype and the KV layout."""
+    digest = hashlib.sha256()
+    for path in onnx_files:
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    digest.update(f"\0kv_dtype={kv_dtype.name}\0layout={layout}".encode())
+    return digest.hexdigest()
+
+
+def _uses_op(path: Path, op_type: bytes) -> bool:
+    """Whether the graph names an operator (op types are plain strings in the protobuf)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(op_type) >= 0
+
+
+class OnnxDecoder:
+    """One onnxruntime session over a decoder with past_key_values; forward() runs one step."""
+
+    def __init__(
+        self,
+        folder: str | Path,
+        providers: str = "auto",
+        intra_op_threads: int = 0,
+        context_length: int = 0,
+        name: str = "",
+    ) -> None:
+        folder = Path(folder)
+        onnx_path = folder / "model.onnx"
+        if not folder.is_dir():
+            raise ModelFolderError(f"model folder {folder} does not exist")
+        if not onnx_path.is_file():
+            raise ModelFolderError(f"{folder} has no model.onnx")
+        config = _read_json(folder / "config.json")
+        if not config:
+            raise ModelFolderError(f"{folder} has no config.json")
+        generation_config = _read_json(folder / "generation_config.json")
+        if _uses_op(onnx_path, b"GroupQueryAttention"):
+            raise ModelFolderError(
+                "model.onnx uses GroupQueryAttention (the shared past/present buffer layout); "
+                "this lm service serves the concat layout (optimum text-generation-with-past) only"
+            )
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if intra_op_threads > 0:
+            options.intra_op_num_threads = intra_op_threads
+        wanted = resolve_providers(providers)
+        try:
+            self.session = ort.InferenceSession(str(onnx_path), options, providers=wanted)
+        except Exception as exc:  # onnxruntime raises untyped errors
+            raise ModelFolderError(f"onnxruntime cannot load {onnx_path}: {exc}") from exc
+        in_use = self.session.get_providers()
+        if "CUDAExecutionProvider" in wanted and "CUDAExecutionProvider" not in in_use:
+            if providers.strip().lower() != "auto" and wanted[0] == "CUDAExecutionProvider":
+                raise ModelFolderError(f"providers {providers!r}: onnxruntime could not start CUDA (in use: {in_use})")
+            log.warning("onnxruntime could not start its CUDA provider (see its message above); running on CPU")
+        log.info("onnxruntime providers in use: %s (asked for %s)", ", ".join(in_use), ", ".join(wanted))
+        self.device = "cuda" if in_use[0] == "CUDAExecutionProvider" else "cpu"
+
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        outputs = {o.name: o for o in self.session.get_outputs()}
+        for needed in ("input_ids", "attention_mask"):
+            if needed not in inputs:
+                raise ModelFolderError(f"model.onnx has no {needed!r} input (inputs: {sorted(inputs)})")
+        if "logits" not in outputs:
+            raise ModelFolderError(f"model.onnx has no 'logits' output (outputs: {sorted(outputs)})")
+        layers = sorted({int(m.group(1)) for n in inputs if (m := _PAST.match(n))})
+        if not layers or layers != list(range(len(layers))):
+            raise ModelFolderError(f"model.onnx has no past_key_values.<i>.key|value inputs (inputs: {sorted(inputs)})")
+        self.past_names = [f"past_key_values.{i}.{kind}" for i in layers for kind in ("key", "value")]
+        self.present_names = [f"present.{i}.{kind}" for i in layers for kind in ("key", "value")]
+        missing = [n for n in self.past_names if n not in inputs] + [n for n in self.present_names if n not in outputs]
+        if missing:
+            raise ModelFolderError(f"model.onnx lacks {missing[:4]} (each layer needs past and present key and value)")
+        past0 = inputs[self.past_names[0]]
+        if past0.type not in _ONNX_DTYPES or len(past0.shape) != 4:
+            raise ModelFolderError(
+                f"unsupported KV input {past0.name}: {past0.type} {past0.shape} "
+                "(want float or float16 [batch, kv_heads, past, head_dim])"
+            )
+        kv_dtype = _ONNX_DTYPES[past0.type]
+        self.ids_dtype = _INT_DTYPES.get(inputs["input_ids"].type, np.dtype(np.int64))
+        self.mask_dtype = _INT_DTYPES.get(inputs["attention_mask"].type, np.dtype(np.int64))
+        self.has_position_ids = "position_ids" in inputs
+        self.pos_dtype = np.dtype(np.int64)
+        if self.has_position_ids:
+            self.pos_dtype = _INT_DTYPES.get(inputs["position_ids"].type, self.pos_dtype)
+        self.kv_dtype = kv_dtype
+        self.output_names = ["logits", *self.present_names]
+
+        # The graph's dims may be symbolic: one real two-token step tells vocab, kv heads, head dim,
+        # and whether logits come for every position or only the last, for sure.
+        heads, head_dim = past0.shape[1], past0.shape[3]
+        heads = heads if isinstance(heads, int) else 1
+        head_dim = head_dim if isinstance(head_dim, int) else 1
+        self.num_kv_heads, self.head_dim = heads, head_dim
+        probe = np.zeros((1, 2), np.int64)
+        positions = np.arange(2, dtype=np.int64)[None, :]
+        binding = self._bind(probe, np.ones((1, 2), np.int64), positions, self.empty_past(1, heads, head_dim))
+        self.session.run_with_iobinding(binding)
+        logits, *presents = binding.get_outputs()
+        self.logits_all = logits.shape()[1] != 1
+        present_shape = presents[0].shape()
+        self.num_kv_heads, self.head_dim = int(present_shape[1]), int(present_shape[3])
+        vocab = int(logits.shape()[-1])
+
+        limit = next((int(config[k]) for k in _CONTEXT_KEYS if isinstance(config.get(k), int)), 0)
+        if context_length > 0 and limit > 0 and context_length > limit:
+            raise ModelFolderError(f"context_length {context_length} exceeds the model's {limit} (config.json)")
+        context = context_length or limit
+        if context <= 0:
+            raise ModelFolderError(f"config.json gives no context length (one of {_CONTEXT_KEYS}); set context_length")
+        eos = generation_config.get("eos_token_id", config.get("eos_token_id"))
+        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
+
+        onnx_files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith("model.onnx"))
+        storage = "concat"
+        layout = f"{storage}:{len(layers)}x{self.num_kv_heads}x{self.head_dim}"
+        self.info = ModelInfo(
+            name=name or folder.resolve().name,
+            fingerprint=model_fingerprint(onnx_files, kv_dtype, layout),
+            context_length=context,
+            vocab_size=vocab,
+            eos_token_ids=eos_ids,
+            num_layers=len(layers),
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            kv_dtype=kv_dtype,
+            storage=storage,
+            has_position_ids=self.has_position_ids,
+            generation_config_json=json.dumps(generation_config, sort_keys=True),
+            providers=tuple(in_use),
+        )
+
+    def to_device(self, array: np.ndarray) -> ort.OrtValue:
+        """An OrtValue on the session's device (on CPU it shares the array's memory)."""
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0)
+
+    def empty_past(self, rows: int, heads: int | None = None, head_dim: int | None = None) -> list[ort.OrtValue]:
+        shape = (rows, heads or self.num_kv_heads, 0, head_dim or self.head_dim)
+        return [self.to_device(np.zeros(shape, self.kv_dtype)) for _ in self.past_names]
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray | None,
+        past: list[ort.OrtValue],
+    ) -> tuple[np.ndarray, list[ort.OrtValue], int]:
+        """One step: logits of each row's last position (float32 [rows, vocab]), presents, microseconds."""
+        binding = self._bind(input_ids, attention_mask, position_ids, past)
+        started = time.perf_counter()
+        self.session.run_with_iobinding(binding)
+        forward_us = int((time.perf_counter() - started) * 1e6)
+        values = binding.get_outputs()
+        logits = values[0].numpy()
+        last = np.array(logits[:, -1, :], dtype=np.float32)
+        return last, list(values[1:]), forward_us
+
+    def _bind(self, input_ids, attention_mask, position_ids, past) -> ort.IOBinding:
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", input_ids.astype(self.ids_dtype, copy=False))
+        binding.bind_cpu_input("attention_mask", attention_mask.astype(self.mask_dtype, copy=False))
+        if self.has_position_ids:
+            binding.bind_cpu_input("position_ids", position_ids.astype(self.pos_dtype, copy=False))
+        for name, value in zip(self.past_names, past, strict=True):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("logits", "cpu")
+        for name in self.present_names:
+            binding.bind_output(name, self.device)
+        return binding

@@ -1,0 +1,52 @@
+"""Per-row results of a step, as each row's OutputSpec asks: full logits, top-n, or the argmax only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from muestra.lm.batch import OutputSpec
+from muestra.v1 import common_pb2, lm_pb2
+
+_FULL = (lm_pb2.OUTPUT_KIND_UNSPECIFIED, lm_pb2.LOGITS)
+
+
+def top_n(row: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The n largest logits of a row and their ids, by descending logit (ties: lower id first)."""
+    n = min(n, row.shape[0])
+    candidates = np.argpartition(-row, n - 1)[:n] if n < row.shape[0] else np.arange(row.shape[0])
+    order = np.lexsort((candidates, -row[candidates]))
+    ids = candidates[order]
+    return ids, row[ids]
+
+
+def logsumexp(rows: np.ndarray) -> np.ndarray:
+    """log(sum(exp(row))) of each row, computed stably."""
+    peak = rows.max(axis=-1, keepdims=True)
+    return (peak + np.log(np.exp(rows - peak).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def batch_output(logits: np.ndarray, specs: Sequence[OutputSpec]) -> lm_pb2.BatchOutput:
+    """Pack a step's last-position logits (float32 [rows, vocab]) per row spec; argmax is always set."""
+    argmax = logits.argmax(axis=-1)
+    full = [i for i, (kind, _) in enumerate(specs) if kind in _FULL]
+    out = lm_pb2.BatchOutput()
+    if full:
+        packed = logits if len(full) == len(specs) else logits[full]
+        out.logits.CopyFrom(
+            common_pb2.Tensor(
+                dtype=common_pb2.FLOAT32,
+                shape=[len(full), logits.shape[-1]],
+                data=np.ascontiguousarray(packed, dtype="<f4").tobytes(),
+            )
+        )
+    logits_row = {row: i for i, row in enumerate(full)}
+    for i, (kind, n) in enumerate(specs):
+        row = out.rows.add(logits_row=logits_row.get(i, -1), argmax=int(argmax[i]))
+        if kind == lm_pb2.TOP_N:
+            ids, values = top_n(logits[i], n)
+            row.top_ids.extend(ids.tolist())
+            row.top_logits.extend(values.tolist())
+            row.logsumexp = float(logsumexp(logits[i]))
+    return out

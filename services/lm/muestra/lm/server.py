@@ -1,0 +1,148 @@
+"""The gRPC surface of the lm service: muestra.v1.LanguageModel over the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+from prometheus_client import Gauge
+
+from muestra.lm.config import LmConfig
+from muestra.lm.engine import DecodeInput, Engine, Load, PrefillInput, StepResult
+from muestra.lm.model import OnnxDecoder
+from muestra.lm.outputs import batch_output
+from muestra.runtime import ServiceSpec
+from muestra.runtime.errors import check_limit
+from muestra.v1 import common_pb2, lm_pb2, lm_pb2_grpc
+
+log = logging.getLogger("muestra.lm")
+
+KV_BYTES = Gauge("muestra_lm_kv_cache_bytes", "Bytes of KV cache the lm service holds")
+KV_BUDGET = Gauge("muestra_lm_kv_cache_budget_bytes", "The lm service's KV budget (kv_budget_bytes)")
+ROWS = Gauge("muestra_lm_num_rows_running", "Rows held in the lm service's batches")
+_DTYPES = {"float32": common_pb2.FLOAT32, "float16": common_pb2.FLOAT16}
+
+
+def _ids(values) -> np.ndarray:
+    return np.fromiter(values, dtype=np.int64, count=len(values))
+
+
+def _load(load: Load) -> lm_pb2.ServiceLoad:
+    return lm_pb2.ServiceLoad(
+        batches=load.batches, rows=load.rows, kv_bytes=load.kv_bytes, kv_budget_bytes=load.kv_budget_bytes
+    )
+
+
+class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        # One thread: forwards are serialized and the batch table has a single writer.
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lm-model")
+        KV_BYTES.set_function(lambda: self.engine.load().kv_bytes)
+        ROWS.set_function(lambda: self.engine.load().rows)
+        KV_BUDGET.set(engine.kv_budget_bytes)
+
+    async def _on_model_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def _step_output(self, step, *args) -> tuple[StepResult, lm_pb2.BatchOutput]:
+        result = step(*args)
+        return result, batch_output(result.logits, result.specs)
+
+    async def Describe(self, request, context) -> lm_pb2.DescribeModelResponse:
+        info = self.engine.info
+        return lm_pb2.DescribeModelResponse(
+            model=info.name,
+            fingerprint=info.fingerprint,
+            context_length=info.context_length,
+            vocab_size=info.vocab_size,
+            eos_token_ids=info.eos_token_ids,
+            providers=info.providers,
+            kv=lm_pb2.KvLayout(
+                num_layers=info.num_layers,
+                num_kv_heads=info.num_kv_heads,
+                head_dim=info.head_dim,
+                dtype=_DTYPES[info.kv_dtype.name],
+                storage=info.storage,
+            ),
+            load=_load(self.engine.load()),
+            max_batch_rows=self.engine.max_batch_rows,
+            generation_config_json=info.generation_config_json,
+        )
+
+    async def Prefill(self, request, context) -> lm_pb2.PrefillResponse:
+        started = time.perf_counter()
+        check_limit("rows", len(request.rows), 1, self.engine.max_batch_rows)
+        rows = [
+            PrefillInput(
+                request_id=row.request_id,
+                input_ids=_ids(row.input_ids),
+                output=self.engine.check_output(f"rows[{i}].output", row.output.kind, row.output.top_n),
+            )
+            for i, row in enumerate(request.rows)
+        ]
+        # The prefix cache comes later: every row is a miss and prefills from its first token.
+        result, output = await self._on_model_thread(self._step_output, self.engine.prefill, rows)
+        for row in output.rows:
+            row.cached_tokens = 0
+        return lm_pb2.PrefillResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
+
+    async def Decode(self, request, context) -> lm_pb2.DecodeResponse:
+        started = time.perf_counter()
+        check_limit("batches", len(request.batches), 1, self.engine.max_batch_rows)
+        items = []
+        for i, batch in enumerate(request.batches):
+            specs = [
+                self.engine.check_output(f"batches[{i}].outputs[{j}]", spec.kind, spec.top_n)
+                for j, spec in enumerate(batch.outputs)
+            ]
+            items.append(DecodeInput(batch.batch_id, _ids(batch.next_ids), specs or None))
+        result, output = await self._on_model_thread(self._step_output, self.engine.decode, items)
+        return lm_pb2.DecodeResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
+
+    async def Filter(self, request, context) -> lm_pb2.FilterResponse:
+        batch_id, num_rows = await self._on_model_thread(self.engine.filter, request.batch_id, list(request.rows))
+        return lm_pb2.FilterResponse(batch_id=batch_id, num_rows=num_rows)
+
+    async def Clear(self, request, context) -> lm_pb2.ClearResponse:
+        load = await self._on_model_thread(self.engine.clear, list(request.batch_ids))
+        return lm_pb2.ClearResponse(load=_load(load))
+
+    @staticmethod
+    def _timing(result: StepResult, started: float) -> lm_pb2.Timing:
+        return lm_pb2.Timing(forward_us=result.forward_us, total_us=int((time.perf_counter() - started) * 1e6))
+
+
+def load_engine(config: LmConfig) -> Engine:
+    """Open the model folder (raises ModelFolderError when it cannot be served)."""
+    decoder = OnnxDecoder(
+        config.model,
+        providers=config.providers,
+        intra_op_threads=config.intra_op_threads,
+        context_length=config.context_length,
+        name=config.model_name,
+    )
+    info = decoder.info
+    log.info(
+        "model %s: %d layers, %d kv heads x %d, %s KV (%s), vocab %d, context %d, fingerprint %s",
+        info.name, info.num_layers, info.num_kv_heads, info.head_dim, info.kv_dtype.name,
+        info.storage, info.vocab_size, info.context_length, info.fingerprint[:16],
+    )  # fmt: skip
+    return Engine(decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n)
+
+
+def service_spec(engine: Engine) -> ServiceSpec:
+    servicer = LanguageModelServicer(engine)
+
+    async def register(server: grpc.aio.Server) -> list[str]:
+        lm_pb2_grpc.add_LanguageModelServicer_to_server(servicer, server)
+        return [lm_pb2.DESCRIPTOR.services_by_name["LanguageModel"].full_name]
+
+    async def close() -> None:
+        servicer.executor.shutdown(wait=True)
+
+    return ServiceSpec(name="lm", register=register, close=close)

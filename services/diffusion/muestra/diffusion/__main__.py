@@ -1,0 +1,26 @@
+"""`python -m muestra.diffusion --model PATH --port P`"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from muestra.diffusion.config import DiffusionConfig
+from muestra.runtime import load_config, run_service
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = load_config(DiffusionConfig, "diffusion", argv)
+    # No model hub, ever: the model is a local folder. Set before huggingface_hub is imported.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from muestra.diffusion.server import build_service
+
+    if config.torch_threads > 0:
+        torch.set_num_threads(config.torch_threads)
+    run_service(build_service(config), config)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,37 @@
+"""The diffusion service's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from muestra.runtime import ServiceConfig
+
+
+@dataclasses.dataclass
+class DiffusionConfig(ServiceConfig):
+    model: str = dataclasses.field(
+        default="", metadata={"help": "diffusers text-to-image folder (model_index.json, unet/, vae/, ...)"}
+    )
+    model_name: str = dataclasses.field(
+        default="", metadata={"help": "name the model is served under (default: the folder's name)"}
+    )
+    device: str = dataclasses.field(default="auto", metadata={"help": "auto, cpu or cuda"})
+    dtype: str = dataclasses.field(
+        default="auto", metadata={"help": "auto (float16 on cuda, float32 on cpu), float16, bfloat16 or float32"}
+    )
+    torch_threads: int = dataclasses.field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
+    default_steps: int = dataclasses.field(default=30, metadata={"help": "steps when a request gives 0"})
+    default_guidance_scale: float = dataclasses.field(
+        default=7.5, metadata={"help": "guidance_scale when a request gives none"}
+    )
+    min_size: int = dataclasses.field(default=64, metadata={"help": "smallest width or height in pixels"})
+    max_width: int = dataclasses.field(default=2048, metadata={"help": "largest width in pixels"})
+    max_height: int = dataclasses.field(default=2048, metadata={"help": "largest height in pixels"})
+    max_steps: int = dataclasses.field(default=150, metadata={"help": "most denoising steps per image"})
+    max_images: int = dataclasses.field(default=8, metadata={"help": "most images per request"})
+    max_prompt_bytes: int = dataclasses.field(
+        default=4096, metadata={"help": "longest prompt or negative_prompt, in UTF-8 bytes"}
+    )
+    max_queue: int = dataclasses.field(
+        default=16, metadata={"help": "requests that may wait while one runs; more get RESOURCE_EXHAUSTED"}
+    )

@@ -1,0 +1,156 @@
+"""The pipeline behind the service: a diffusers text-to-image folder, one image per call."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import diffusers
+import torch
+import transformers
+from diffusers.utils.torch_utils import randn_tensor
+from PIL import Image
+
+from muestra.diffusion.metrics import DENOISE_STEPS
+from muestra.diffusion.preview import SDXL_BIAS, SDXL_FACTORS, LatentPreview
+
+log = logging.getLogger("muestra.diffusion.engine")
+
+# model_index.json's _class_name -> how its latents preview.
+SUPPORTED_PIPELINES = {
+    "StableDiffusionPipeline": LatentPreview(),
+    "StableDiffusionXLPipeline": LatentPreview(SDXL_FACTORS, SDXL_BIAS),
+}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class GenerationCancelled(Exception):
+    """Raised from the step callback to leave the denoising loop."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageJob:
+    """Everything one pipeline call needs."""
+
+    prompt: str
+    negative_prompt: str
+    width: int
+    height: int
+    steps: int
+    guidance_scale: float
+    seed: int
+    scheduler: Any
+
+
+# Called after each step with (step, total, latents).
+StepCallback = Callable[[int, int, torch.Tensor], None]
+
+
+def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """ "auto" picks CUDA with float16 when there is a GPU, else the CPU with float32."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {device}: torch sees no CUDA device")
+    if dtype == "auto":
+        dtype = "float16" if device.startswith("cuda") else "float32"
+    if dtype not in DTYPES:
+        raise SystemExit(f"--dtype {dtype}: expected auto, {', '.join(DTYPES)}")
+    return torch.device(device), DTYPES[dtype]
+
+
+class DiffusionEngine:
+    """A loaded diffusers text-to-image pipeline. Not thread-safe: one call at a time."""
+
+    def __init__(self, pipe: Any, name: str) -> None:
+        self.pipe = pipe
+        self.name = name
+        self.device: torch.device = pipe.device
+        self.dtype: torch.dtype = pipe.unet.dtype
+        self.pipeline_class = type(pipe).__name__
+        self.preview = SUPPORTED_PIPELINES[self.pipeline_class]
+        # Every request builds a fresh scheduler from the model's own config; keep a pristine copy of it.
+        self.base_scheduler = pipe.scheduler
+        self.base_scheduler_config = dict(pipe.scheduler.config)
+        default = pipe.unet.config.sample_size * pipe.vae_scale_factor
+        self.default_width = self.default_height = int(default)
+
+    @classmethod
+    def load(cls, path: str | Path, name: str = "", device: str = "auto", dtype: str = "auto") -> DiffusionEngine:
+        """Load a local diffusers folder; never touches the network."""
+        folder = Path(path)
+        index_path = folder / "model_index.json"
+        if not index_path.is_file():
+            raise SystemExit(f"--model {path}: no model_index.json (expected a diffusers folder)")
+        class_name = json.loads(index_path.read_text()).get("_class_name", "")
+        if class_name not in SUPPORTED_PIPELINES:
+            raise SystemExit(
+                f"--model {path}: pipeline {class_name!r} is not supported; supported: {', '.join(SUPPORTED_PIPELINES)}"
+            )
+        pipeline_cls = getattr(diffusers, class_name)
+        torch_device, torch_dtype = resolve_device(device, dtype)
+        kwargs: dict[str, Any] = {"dtype": torch_dtype, "local_files_only": True}
+        if "safety_checker" in inspect.signature(pipeline_cls.__init__).parameters:
+            kwargs.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+        diffusers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.disable_progress_bar()
+        pipe = pipeline_cls.from_pretrained(folder, **kwargs).to(torch_device)
+        pipe.set_progress_bar_config(disable=True)
+        log.info("loaded %s from %s on %s (%s)", class_name, folder, torch_device, torch_dtype)
+        return cls(pipe, name or folder.resolve().name)
+
+    def generate(self, job: ImageJob, on_step: StepCallback, cancel: threading.Event) -> Image.Image:
+        """One image. Its noise comes from a CPU generator seeded with job.seed, whatever the device.
+
+        `cancel` is checked after every denoising iteration; once set, GenerationCancelled leaves the loop.
+        """
+        generator = torch.Generator("cpu").manual_seed(job.seed)
+        shape = (
+            1,
+            self.pipe.unet.config.in_channels,
+            job.height // self.pipe.vae_scale_factor,
+            job.width // self.pipe.vae_scale_factor,
+        )
+        # Draw the initial noise exactly as the pipeline would on the CPU, in float32, then move it; the same
+        # generator then feeds stochastic schedulers, so its state matches a plain pipeline call.
+        latents = randn_tensor(shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
+        latents = latents.to(self.device, self.dtype)
+        self.pipe.scheduler = job.scheduler
+        steps_done = 0
+
+        def callback(pipe, i: int, timestep, tensors: dict) -> dict:
+            nonlocal steps_done
+            # diffusers' progress-bar rule: second-order and warm-up iterations are not steps of their own.
+            iterations, order = pipe.num_timesteps, pipe.scheduler.order
+            warmup = iterations - job.steps * order
+            is_step = i == iterations - 1 or ((i + 1) > warmup and (i + 1) % order == 0)
+            if is_step:
+                steps_done += 1
+                DENOISE_STEPS.inc()
+                on_step(steps_done, job.steps, tensors["latents"])
+            if cancel.is_set():
+                raise GenerationCancelled(f"stopped after step {steps_done} of {job.steps}")
+            return tensors
+
+        try:
+            result = self.pipe(
+                prompt=job.prompt,
+                negative_prompt=job.negative_prompt or None,
+                width=job.width,
+                height=job.height,
+                num_inference_steps=job.steps,
+                guidance_scale=job.guidance_scale,
+                generator=generator,
+                latents=latents,
+                callback_on_step_end=callback,
+                output_type="pil",
+            )
+        finally:
+            self.pipe.scheduler = self.base_scheduler
+        return result.images[0]

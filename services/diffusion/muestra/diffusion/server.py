@@ -1,0 +1,132 @@
+"""The gRPC surface of the diffusion service: muestra.v1.Diffusion."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from muestra.diffusion.config import DiffusionConfig
+from muestra.diffusion.engine import DiffusionEngine
+from muestra.diffusion.params import Defaults, Limits, parse_image_request
+from muestra.diffusion.registry import SchedulerRegistry, load_scheduler_registry
+from muestra.diffusion.worker import Finished, GenerationWorker
+from muestra.runtime import ServiceSpec
+from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc
+
+log = logging.getLogger("muestra.diffusion")
+SERVICE_NAME = diffusion_pb2.DESCRIPTOR.services_by_name["Diffusion"].full_name
+
+
+class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
+    def __init__(self, engine: DiffusionEngine, registry: SchedulerRegistry, config: DiffusionConfig) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.limits = Limits(
+            min_size=config.min_size,
+            max_width=config.max_width,
+            max_height=config.max_height,
+            max_steps=config.max_steps,
+            max_images=config.max_images,
+            max_prompt_bytes=config.max_prompt_bytes,
+        )
+        self.defaults = Defaults(
+            model=engine.name,
+            width=engine.default_width,
+            height=engine.default_height,
+            steps=min(config.default_steps, config.max_steps),
+            guidance_scale=config.default_guidance_scale,
+        )
+        self.default_sampler = registry.model_default(engine.base_scheduler)
+        self.worker = GenerationWorker(engine, config.max_queue, config.torch_threads)
+
+    async def Describe(self, request, context):
+        return diffusion_pb2.DescribeDiffusionResponse(
+            model=self.engine.name,
+            device=self.engine.device.type,
+            dtype=str(self.engine.dtype).removeprefix("torch."),
+            pipeline=self.engine.pipeline_class,
+            default_width=self.defaults.width,
+            default_height=self.defaults.height,
+            max_width=self.limits.max_width,
+            max_height=self.limits.max_height,
+            max_steps=self.limits.max_steps,
+            max_images=self.limits.max_images,
+        )
+
+    async def ListSchedulers(self, request, context):
+        return diffusion_pb2.ListSchedulersResponse(
+            schedulers=[
+                diffusion_pb2.SchedulerInfo(
+                    name=entry.name,
+                    aliases=entry.aliases,
+                    plugin=entry.plugin,
+                    distribution=entry.distribution,
+                    version=entry.version,
+                )
+                for entry in self.registry.entries()
+            ]
+        )
+
+    async def Generate(self, request, context):
+        started = time.perf_counter()
+        params = parse_image_request(
+            request,
+            self.limits,
+            self.defaults,
+            self.registry,
+            self.default_sampler,
+            self.engine.base_scheduler_config,
+        )
+        generation = self.worker.submit(params, started)
+        log.info(
+            "generate %dx%d steps=%d sampler=%s images=%d seed=%d",
+            params.width, params.height, params.steps, params.sampler.name, params.num_images, params.seed,
+        )  # fmt: skip
+        try:
+            async for event in generation.events():
+                if isinstance(event, Finished):
+                    yield diffusion_pb2.ImageResponse(
+                        image=diffusion_pb2.GeneratedImage(
+                            index=event.index,
+                            seed=event.seed,
+                            png=event.png,
+                            width=event.width,
+                            height=event.height,
+                            parameters=event.parameters,
+                        )
+                    )
+                else:
+                    yield diffusion_pb2.ImageResponse(
+                        progress=diffusion_pb2.ImageProgress(
+                            image_index=event.image_index,
+                            step=event.step,
+                            total=event.total,
+                            elapsed_s=event.elapsed_s,
+                            preview_png=event.preview_png,
+                        )
+                    )
+        finally:
+            # The client went away (or the stream failed): the loop stops after its current step.
+            generation.cancel()
+
+
+def build_service(config: DiffusionConfig) -> ServiceSpec:
+    """Load the model and the scheduler plugins, and describe the service to the runtime."""
+    if not config.model:
+        raise SystemExit("--model is required (or MUESTRA_DIFFUSION_MODEL): a diffusers text-to-image folder")
+    engine = DiffusionEngine.load(config.model, config.model_name, config.device, config.dtype)
+    registry = load_scheduler_registry()
+    registry.keep_buildable(engine.base_scheduler_config)
+    servicer = DiffusionServicer(engine, registry, config)
+
+    async def register(server: grpc.aio.Server) -> list[str]:
+        diffusion_pb2_grpc.add_DiffusionServicer_to_server(servicer, server)
+        return [SERVICE_NAME]
+
+    async def close() -> None:
+        await asyncio.to_thread(servicer.worker.close)
+
+    return ServiceSpec(name="diffusion", register=register, close=close)

@@ -1,0 +1,148 @@
+"""Export options (float16, int8, all-position logits, external data), the CLI, and errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from muestra.lm.export import ExportError, export_lm, exporter
+from tests.lm.test_export import empty_past, prompt, session, step
+
+EVAL_TEXT = (
+    "Once upon a time, in a land far away, there lived a small robot who loved to count numbers. "
+    "The quick brown fox jumps over the lazy dog. def add(a, b): return a + b"
+)
+
+
+def torch_perplexity(model, ids: list[int]) -> float:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].double()
+    return math.exp(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])).item())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bloom"])
+def test_float16_export_runs_on_onnxruntime_cpu_close_to_float32(tiny_lm, family, tmp_path):
+    lm = tiny_lm(family)
+    out = export_lm(lm.hf_dir, tmp_path / "fp16", dtype="float16", progress=False)
+    sess = session(out)
+    assert {n.type for n in sess.get_inputs() if n.name.startswith("past_")} == {"tensor(float16)"}
+    ids = prompt(5, 8)
+    logits, past = step(sess, np.array([ids]), np.ones((1, 8), dtype=np.int64), empty_past(sess, 1))
+    assert {v.dtype for v in past.values()} == {np.dtype(np.float16)}
+    assert logits.dtype == np.float32
+    with torch.no_grad():
+        reference = lm.torch_model()(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
+    np.testing.assert_allclose(logits[0, -1], reference, atol=2e-2, rtol=0)
+    metadata = json.loads((out / "muestra_export.json").read_text())
+    assert metadata["kv_dtype"] == metadata["weights_dtype"] == "float16"
+    assert metadata["validation"]["max_abs_diff"] < 2e-2
+
+
+def test_all_logits_option_emits_every_position(tiny_lm, tmp_path):
+    lm = tiny_lm("qwen2")
+    out = export_lm(lm.hf_dir, tmp_path / "all", last_logits_only=False, progress=False)
+    assert json.loads((out / "muestra_export.json").read_text())["logits"] == "all"
+    sess = session(out)
+    ids = np.array([prompt(6, 7)])
+    logits, _ = step(sess, ids, np.ones_like(ids), empty_past(sess, 1))
+    with torch.no_grad():
+        reference = lm.torch_model()(input_ids=torch.from_numpy(ids)).logits.numpy()
+    assert logits.shape == reference.shape == (1, 7, 1024)
+    np.testing.assert_allclose(logits, reference, atol=1e-4, rtol=0)
+
+
+def test_cli_int8_export_reports_perplexity_before_and_after(tiny_lm, tmp_path):
+    lm = tiny_lm("gpt2")
+    (tmp_path / "eval.txt").write_text(EVAL_TEXT, encoding="utf-8")
+    out = tmp_path / "int8"
+    command = [sys.executable, "-m", "muestra.lm.export", str(lm.hf_dir), str(out)]
+    command += ["--quantize", "int8", "--eval-text", str(tmp_path / "eval.txt")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "perplexity float32 =" in result.stderr and "int8 =" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    metadata = json.loads((out / "muestra_export.json").read_text())
+    assert metadata["weights_dtype"] == "int8" and metadata["kv_dtype"] == "float32"
+    ids = lm.tokenizer()(EVAL_TEXT)["input_ids"]
+    perplexity = metadata["perplexity"]
+    assert perplexity["tokens"] == len(ids)
+    # The float32 figure is the model's own perplexity, recomputed here by transformers in one pass.
+    assert perplexity["float32"] == pytest.approx(torch_perplexity(lm.torch_model(), ids), rel=1e-4)
+    assert perplexity["int8"] == pytest.approx(perplexity["float32"], rel=0.05)
+    assert perplexity["int8"] != perplexity["float32"]
+
+    graph = onnx.load(str(out / "model.onnx")).graph
+    assert any(t.data_type == onnx.TensorProto.INT8 for t in graph.initializer)
+    # Only MatMul/Gemm weights are quantized; the tiny model's embedding tables stay float32.
+    assert (out / "model.onnx").stat().st_size < 0.75 * (lm.onnx_dir / "model.onnx").stat().st_size
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in lm.onnx_dir.iterdir())
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_weights_go_to_model_onnx_data_above_the_threshold(tiny_lm, tmp_path, monkeypatch, quantize):
+    lm = tiny_lm("llama")
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_THRESHOLD", 0)
+    out = export_lm(lm.hf_dir, tmp_path / "external", quantize=quantize, progress=False)
+    assert {"model.onnx", "model.onnx.data"} <= {p.name for p in out.iterdir()}
+    assert not [p for p in out.iterdir() if p.name.endswith(".data") and p.name != "model.onnx.data"]
+    assert json.loads((out / "muestra_export.json").read_text())["external_data"] is True
+    inline = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.initializer
+    assert max(len(t.raw_data) for t in inline if t.data_location != onnx.TensorProto.EXTERNAL) < 1024
+    assert (out / "model.onnx.data").stat().st_size > 100_000
+    sess = session(out)
+    ids = np.array([prompt(7, 5)])
+    expected, _ = step(session(lm.onnx_dir), ids, np.ones_like(ids), empty_past(sess, 1))
+    logits, _ = step(sess, ids, np.ones_like(ids), empty_past(sess, 1))
+    np.testing.assert_allclose(logits, expected, atol=1e-4 if quantize is None else 0.1, rtol=0)
+
+
+def _write_config(folder, **config):
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("make_source", "message"),
+    [
+        (lambda tmp: tmp / "missing", "is not a folder"),
+        (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "has no config.json"),
+        (lambda tmp: _write_config(tmp / "bert", model_type="bert"), "model_type 'bert'"),
+        (lambda tmp: _write_config(tmp / "noweights", model_type="llama"), "has no weights"),
+    ],
+    ids=["missing", "no-config", "unsupported-family", "no-weights"],
+)
+def test_bad_source_folder_gives_a_clear_error(tmp_path, make_source, message):
+    with pytest.raises(ExportError, match=message):
+        export_lm(make_source(tmp_path), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_options_give_a_clear_error(tiny_lm, tmp_path):
+    lm = tiny_lm("llama")
+    with pytest.raises(ExportError, match="dtype must be one of"):
+        export_lm(lm.hf_dir, tmp_path / "a", dtype="bfloat8", progress=False)
+    with pytest.raises(ExportError, match="quantizes the float32 export"):
+        export_lm(lm.hf_dir, tmp_path / "b", dtype="float16", quantize="int8", progress=False)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    with pytest.raises(ExportError, match="not empty"):
+        export_lm(lm.hf_dir, tmp_path / "full", progress=False)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_cli_bad_source_exits_2_with_one_line_error(tmp_path):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    command = [sys.executable, "-m", "muestra.lm.export", str(tmp_path / "nope"), str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: source {tmp_path / 'nope'} is not a folder"]

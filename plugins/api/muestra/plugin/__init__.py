@@ -1,15 +1,68 @@
-"""The module muestra plugin authors import.
+"""The one module muestra plugin authors import.
 
-A plugin is a module (or package) with functions marked `@hookimpl`, published under the
-entry-point group `muestra`:
+A plugin is a module with functions marked `@hookimpl`, published under the entry-point
+group `muestra`:
 
     [project.entry-points.muestra]
-    my_sampler = "my_package.plugin"
+    mirostat = "muestra_mirostat"
+
+    from muestra.plugin import TokenSelector, Float, hookimpl
+
+    class Mirostat(TokenSelector):
+        name = "mirostat"
+        ...
+
+    @hookimpl
+    def register_samplers(register):
+        register(Mirostat())
+
+docs/plugins.md is the tutorial.
 """
 
 from muestra.plugin.hookspecs import hookimpl, hookspec
+from muestra.plugin.numeric import column, group_rows, kth_largest, log_softmax, mass_prefix_mask, softmax
+from muestra.plugin.params import REQUIRED, Bool, Float, Int, Param, SamplerParamError
+from muestra.plugin.samplers import (
+    Hypothesis,
+    LogitsProcessor,
+    ModelInfo,
+    RowContext,
+    Sampler,
+    Search,
+    SearchStep,
+    SearchStrategy,
+    TokenSelector,
+    kind_of,
+)
 
 PROJECT_NAME = "muestra"
 ENTRY_POINT_GROUP = "muestra"
 
-__all__ = ["ENTRY_POINT_GROUP", "PROJECT_NAME", "hookimpl", "hookspec"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PROJECT_NAME",
+    "REQUIRED",
+    "Bool",
+    "Float",
+    "Hypothesis",
+    "Int",
+    "LogitsProcessor",
+    "ModelInfo",
+    "Param",
+    "RowContext",
+    "Sampler",
+    "SamplerParamError",
+    "Search",
+    "SearchStep",
+    "SearchStrategy",
+    "TokenSelector",
+    "column",
+    "group_rows",
+    "hookimpl",
+    "hookspec",
+    "kind_of",
+    "kth_largest",
+    "log_softmax",
+    "mass_prefix_mask",
+    "softmax",
+]

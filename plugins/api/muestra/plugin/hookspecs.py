@@ -8,7 +8,7 @@ hookimpl = pluggy.HookimplMarker("muestra")
 
 @hookspec
 def register_samplers(register):
-    """Register token samplers: call register(sampler) for each."""
+    """Register token samplers: call register(sampler) with a LogitsProcessor, TokenSelector or SearchStrategy."""
 
 
 @hookspec

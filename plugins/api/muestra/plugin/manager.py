@@ -32,15 +32,37 @@ def disabled_names(env: dict | None = None) -> set[str]:
 
 
 def _distribution_of(module: ModuleType) -> tuple[str, str]:
-    top = module.__name__.split(".")[0]
-    if top == "muestra":
-        top = ".".join(module.__name__.split(".")[:2])
-    for dist_name in importlib.metadata.packages_distributions().get(top.split(".")[0], []):
+    """The distribution that ships `module`, and its version ("", "" when unknown).
+
+    Editable installs do not list their modules in the distribution's RECORD, so the
+    repository's naming convention (muestra.gateway.* -> muestra-gateway) is tried first.
+    """
+    parts = module.__name__.split(".")
+    candidates = ["-".join(parts[:2]), parts[0]]
+    candidates += importlib.metadata.packages_distributions().get(parts[0], [])
+    for dist_name in candidates:
         try:
             return dist_name, importlib.metadata.version(dist_name)
         except importlib.metadata.PackageNotFoundError:
             continue
     return "", ""
+
+
+def call_register_hook(pm: pluggy.PluginManager, hook_name: str, make_register) -> list[str]:
+    """Call each plugin's implementation of a register-style hook with its own callback.
+
+    make_register(plugin_name) returns the `register` callable for that plugin, so every
+    registration is attributed to the plugin that made it. A plugin whose hook raises is
+    logged and skipped; the names of those plugins are returned.
+    """
+    failed = []
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
+        try:
+            impl.function(**{name: make_register(impl.plugin_name) for name in impl.argnames})
+        except Exception:  # a broken third-party plugin must not take the service down
+            log.exception("plugin %s failed in %s; skipped", impl.plugin_name, hook_name)
+            failed.append(impl.plugin_name)
+    return failed
 
 
 def load_plugins(

@@ -1,0 +1,19 @@
+"""Greedy decoding: the highest-scoring token."""
+
+import numpy as np
+
+from muestra.plugin import TokenSelector, hookimpl
+
+
+class Greedy(TokenSelector):
+    name = "greedy"
+    description = "Pick the highest-scoring token (argmax); deterministic."
+    argmax_invariant = True
+
+    def select(self, logits, params, rows) -> np.ndarray:
+        return np.argmax(logits, axis=-1).astype(np.int64)
+
+
+@hookimpl
+def register_samplers(register):
+    register(Greedy())

@@ -1,0 +1,27 @@
+"""Locally typical sampling: keep tokens whose surprise is closest to the entropy; transformers' TypicalLogitsWarper."""
+
+import numpy as np
+
+from muestra.plugin import Float, LogitsProcessor, column, hookimpl, log_softmax, mass_prefix_mask
+
+
+class TypicalP(LogitsProcessor):
+    name = "typical_p"
+    description = "Keep the tokens whose surprise is closest to the entropy, up to typical_p of the mass."
+    parameters = {"typical_p": Float(0.9, "Probability mass to keep.", gt=0.0, lt=1.0)}
+    # It can drop the most likely token when that token is far more predictable than average.
+    argmax_invariant = False
+
+    def process(self, logits, params, rows):
+        logp = log_softmax(logits)
+        p = np.exp(logp)
+        entropy = -np.nansum(np.where(p > 0, logp * p, 0.0), axis=-1, keepdims=True)
+        distance = np.abs(-logp - entropy)
+        keep = mass_prefix_mask(distance, p, column(params, "typical_p"))
+        logits[~keep] = -np.inf
+        return logits
+
+
+@hookimpl
+def register_samplers(register):
+    register(TypicalP())

@@ -1,0 +1,148 @@
+"""SamplerRegistry: every sampler that the built-in and installed plugins registered at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from collections.abc import Mapping
+
+from muestra.gateway.samplers import BUILTIN_SAMPLER_MODULES
+from muestra.plugin import Sampler, kind_of
+from muestra.plugin.manager import call_register_hook, load_plugins
+from muestra.v1 import gateway_pb2
+
+log = logging.getLogger("muestra.samplers")
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredSampler:
+    """A sampler and where it came from."""
+
+    sampler: Sampler
+    plugin: str
+    distribution: str
+    version: str
+
+    @property
+    def name(self) -> str:
+        return self.sampler.name
+
+    def to_proto(self) -> gateway_pb2.SamplerInfo:
+        return gateway_pb2.SamplerInfo(
+            name=self.name,
+            plugin=self.plugin,
+            distribution=self.distribution,
+            version=self.version,
+            description=self.sampler.description,
+            parameter_schema=json.dumps(self.sampler.parameter_schema, sort_keys=True),
+            argmax_invariant=self.sampler.argmax_invariant,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginSummary:
+    """A plugin as ListPlugins and `muestra plugins` show it."""
+
+    name: str
+    distribution: str
+    version: str
+    disabled: bool
+    samplers: tuple[str, ...]
+
+    def to_proto(self) -> gateway_pb2.PluginInfo:
+        return gateway_pb2.PluginInfo(
+            name=self.name,
+            distribution=self.distribution,
+            version=self.version,
+            disabled=self.disabled,
+            samplers=list(self.samplers),
+        )
+
+
+class SamplerRegistry:
+    """Samplers by name. Built from the plugins once; the hot path only reads it."""
+
+    def __init__(self, samplers: list[RegisteredSampler], plugins: list[PluginSummary]) -> None:
+        self._samplers = {entry.name: entry for entry in samplers}
+        self._plugins = plugins
+
+    @classmethod
+    def load(
+        cls, env: Mapping[str, str] | None = None, builtin_modules: Mapping[str, str] = BUILTIN_SAMPLER_MODULES
+    ) -> SamplerRegistry:
+        """Built-ins, then every `muestra` entry point, minus those named in MUESTRA_DISABLE_PLUGINS."""
+        pm, records = load_plugins(dict(builtin_modules), None if env is None else dict(env))
+        by_plugin = {record.name: record for record in records}
+        registered: dict[str, RegisteredSampler] = {}
+        names_by_plugin: dict[str, list[str]] = {}
+
+        def make_register(plugin: str):
+            def register(sampler: Sampler) -> None:
+                problem = _registration_problem(sampler)
+                if problem:
+                    raise TypeError(f"plugin {plugin!r} registered an invalid sampler: {problem}")
+                if sampler.name in registered:
+                    first = registered[sampler.name].plugin
+                    log.warning(
+                        "sampler %r from plugin %s ignored: plugin %s registered it first", sampler.name, plugin, first
+                    )
+                    return
+                record = by_plugin.get(plugin)
+                dist, version = (record.distribution, record.version) if record else ("", "")
+                registered[sampler.name] = RegisteredSampler(sampler, plugin, dist, version)
+                names_by_plugin.setdefault(plugin, []).append(sampler.name)
+
+            return register
+
+        failed = set(call_register_hook(pm, "register_samplers", make_register))
+        for plugin in failed:  # all or nothing: drop what a failed plugin registered before failing
+            for name in names_by_plugin.pop(plugin, []):
+                del registered[name]
+        summaries = [
+            PluginSummary(
+                record.name,
+                record.distribution,
+                record.version,
+                record.disabled or record.name in failed,
+                tuple(names_by_plugin.get(record.name, ())),
+            )
+            for record in records
+        ]
+        return cls(list(registered.values()), summaries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._samplers
+
+    def get(self, name: str) -> Sampler:
+        """The sampler registered under `name`; KeyError naming the registered ones otherwise."""
+        if name not in self._samplers:
+            raise KeyError(f"unknown sampler {name!r}; registered: {', '.join(sorted(self._samplers))}")
+        return self._samplers[name].sampler
+
+    def names(self) -> list[str]:
+        return sorted(self._samplers)
+
+    def list(self) -> list[RegisteredSampler]:
+        """Every sampler with its plugin, distribution and version, by name."""
+        return [self._samplers[name] for name in sorted(self._samplers)]
+
+    def plugins(self) -> list[PluginSummary]:
+        """Every plugin found, disabled ones included, with the samplers each registered."""
+        return list(self._plugins)
+
+
+def _registration_problem(sampler: object) -> str:
+    if isinstance(sampler, type):
+        return f"{sampler.__name__} is a class; register an instance"
+    try:
+        kind_of(sampler)  # type: ignore[arg-type]
+    except TypeError as exc:
+        return str(exc)
+    if not _NAME.match(sampler.name or ""):
+        return f"name {sampler.name!r} must match {_NAME.pattern}"
+    if not sampler.description or "\n" in sampler.description:
+        return f"{sampler.name}: description must be one non-empty line"
+    return ""

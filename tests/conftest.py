@@ -7,8 +7,10 @@ import pytest
 from tests.harness import RedisServer
 
 pytest_plugins = [
+    "tests.fixtures.diffusion_models",
     "tests.fixtures.tokenizers",
     "tests.fixtures.lm_models",
+    "tests.fixtures.lm_service",
 ]
 
 

@@ -1,0 +1,44 @@
+"""What a tokenizer library must offer the service: batched encode and decode, and its vocabulary."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass
+class EncodedText:
+    """One text's tokens; `offsets` are [start, end) character offsets, present only when asked for."""
+
+    ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]] | None = None
+
+
+class TokenizerBackend(abc.ABC):
+    """A loaded tokenizer. Methods may be called from several threads at once."""
+
+    # "tokenizers" or "sentencepiece", as Describe reports it.
+    kind: str
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included; valid ids are [0, vocab_size)."""
+
+    @abc.abstractmethod
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token string, or None when the vocabulary lacks it."""
+
+    @abc.abstractmethod
+    def id_to_token(self, token_id: int) -> str:
+        """The token string of an id."""
+
+    @abc.abstractmethod
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool, return_offsets: bool) -> list[EncodedText]:
+        """Encode every text; one EncodedText per text, in order."""
+
+    @abc.abstractmethod
+    def decode_batch(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
+        """Decode every id sequence; one string per sequence, in order."""

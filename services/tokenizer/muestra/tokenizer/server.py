@@ -1,0 +1,190 @@
+"""The muestra.v1.Tokenizer gRPC surface: validation here, the work in a thread pool off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import grpc
+
+from muestra.runtime import FailedPrecondition, InvalidArgument, ServiceSpec
+from muestra.tokenizer.detokenize import Window, detokenize_step
+from muestra.tokenizer.loader import LoadedTokenizer
+from muestra.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+
+T = TypeVar("T")
+log = logging.getLogger("muestra.tokenizer")
+SERVICE_NAME = "muestra.v1.Tokenizer"
+
+
+@dataclasses.dataclass
+class Limits:
+    """What one request may ask for."""
+
+    max_text_bytes: int
+    max_batch_size: int
+    max_sequence_ids: int
+    max_messages: int
+
+
+def _check_count(field: str, count: int, limit: int) -> None:
+    if count > limit:
+        raise InvalidArgument(field, f"at most {limit} per request, got {count}")
+
+
+def _check_text(field: str, text: str, max_bytes: int) -> None:
+    # Each character takes at most 4 UTF-8 bytes, so most texts need no encoding to be measured.
+    if len(text) * 4 > max_bytes and len(text.encode("utf-8")) > max_bytes:
+        raise InvalidArgument(field, f"is {len(text.encode('utf-8'))} UTF-8 bytes, over the limit of {max_bytes}")
+
+
+def _check_ids(field: str, ids, vocab_size: int, max_ids: int) -> None:
+    if len(ids) > max_ids:
+        raise InvalidArgument(field, f"has {len(ids)} ids, over the limit of {max_ids}")
+    if ids and max(ids) >= vocab_size:
+        index, bad = next((i, t) for i, t in enumerate(ids) if t >= vocab_size)
+        raise InvalidArgument(f"{field}[{index}]", f"id {bad} is outside the vocabulary (vocab_size {vocab_size})")
+
+
+class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
+    def __init__(self, tokenizers: list[LoadedTokenizer], limits: Limits, workers: int) -> None:
+        if not tokenizers:
+            raise ValueError("no tokenizers to serve")
+        self.tokenizers = {t.name: t for t in tokenizers}
+        self.default = tokenizers[0].name
+        self.limits = limits
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenize")
+
+    def _select(self, model: str) -> LoadedTokenizer:
+        tokenizer = self.tokenizers.get(model or self.default)
+        if tokenizer is None:
+            known = ", ".join(sorted(self.tokenizers))
+            raise InvalidArgument("model", f"unknown tokenizer {model!r}; this service serves: {known}")
+        return tokenizer
+
+    async def _off_loop(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    async def Describe(self, request, context):
+        t = self._select(request.model)
+        return tokenizer_pb2.DescribeTokenizerResponse(
+            model=t.name,
+            models=list(self.tokenizers),
+            vocab_size=t.backend.vocab_size,
+            bos_token_id=t.bos_token_id,
+            eos_token_ids=t.eos_token_ids,
+            pad_token_id=t.pad_token_id,
+            model_max_length=t.model_max_length,
+            has_chat_template=t.chat_template is not None,
+            backend=t.backend.kind,
+            max_text_bytes=self.limits.max_text_bytes,
+        )
+
+    async def Encode(self, request, context):
+        t = self._select(request.model)
+        texts = request.texts
+        _check_count("texts", len(texts), self.limits.max_batch_size)
+
+        def work() -> tokenizer_pb2.EncodeResponse:
+            for i, text in enumerate(texts):
+                _check_text(f"texts[{i}]", text, self.limits.max_text_bytes)
+            encoded = t.backend.encode_batch(list(texts), request.add_special_tokens, request.return_offsets)
+            reply = tokenizer_pb2.EncodeResponse()
+            for e in encoded:
+                item = reply.encodings.add(ids=e.ids, tokens=e.tokens)
+                if e.offsets is not None:
+                    item.offset_starts.extend([start for start, _ in e.offsets])
+                    item.offset_ends.extend([end for _, end in e.offsets])
+            return reply
+
+        return await self._off_loop(work)
+
+    async def Decode(self, request, context):
+        t = self._select(request.model)
+        sequences = request.sequences
+        _check_count("sequences", len(sequences), self.limits.max_batch_size)
+
+        def work() -> tokenizer_pb2.DecodeTokensResponse:
+            id_lists = []
+            for i, seq in enumerate(sequences):
+                ids = list(seq.ids)
+                _check_ids(f"sequences[{i}].ids", ids, t.backend.vocab_size, self.limits.max_sequence_ids)
+                id_lists.append(ids)
+            texts = t.backend.decode_batch(id_lists, request.skip_special_tokens)
+            return tokenizer_pb2.DecodeTokensResponse(texts=texts)
+
+        return await self._off_loop(work)
+
+    async def ApplyChatTemplate(self, request, context):
+        t = self._select(request.model)
+        if t.chat_template is None:
+            raise FailedPrecondition(f"tokenizer {t.name!r} has no chat template")
+        if not request.messages:
+            raise InvalidArgument("messages", "must hold at least one message")
+        _check_count("messages", len(request.messages), self.limits.max_messages)
+        messages, total_bytes = [], 0
+        for i, m in enumerate(request.messages):
+            if not m.role.strip():
+                raise InvalidArgument(f"messages[{i}].role", "must not be empty")
+            total_bytes += len(m.role.encode()) + len(m.content.encode()) + len(m.name.encode())
+            message = {"role": m.role, "content": m.content}
+            if m.name:
+                message["name"] = m.name
+            messages.append(message)
+        if total_bytes > self.limits.max_text_bytes:
+            limit = self.limits.max_text_bytes
+            raise InvalidArgument("messages", f"are {total_bytes} UTF-8 bytes in all, over the limit of {limit}")
+
+        def work() -> tokenizer_pb2.ApplyChatTemplateResponse:
+            text = t.chat_template.render(messages, request.add_generation_prompt, t.special_tokens)
+            reply = tokenizer_pb2.ApplyChatTemplateResponse(text=text)
+            if request.tokenize:
+                reply.ids.extend(t.backend.encode_batch([text], False, False)[0].ids)
+            return reply
+
+        return await self._off_loop(work)
+
+    async def DetokenizeStep(self, request, context):
+        t = self._select(request.model)
+        streams = request.streams
+        _check_count("streams", len(streams), self.limits.max_batch_size)
+
+        def work() -> tokenizer_pb2.DetokenizeStepResponse:
+            windows = []
+            for i, stream in enumerate(streams):
+                ids = list(stream.ids)
+                _check_ids(f"streams[{i}].ids", ids, t.backend.vocab_size, self.limits.max_sequence_ids)
+                if stream.read_offset > len(ids):
+                    raise InvalidArgument(
+                        f"streams[{i}].read_offset", f"is {stream.read_offset}, past the window's {len(ids)} ids"
+                    )
+                windows.append(Window(ids, stream.read_offset, stream.final))
+            deltas = detokenize_step(t.backend, windows, request.skip_special_tokens)
+            reply = tokenizer_pb2.DetokenizeStepResponse()
+            for d in deltas:
+                reply.deltas.add(text=d.text, prefix_advance=d.prefix_advance, read_advance=d.read_advance)
+            return reply
+
+        return await self._off_loop(work)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def service_spec(tokenizers: list[LoadedTokenizer], limits: Limits, workers: int) -> ServiceSpec:
+    servicer = TokenizerServicer(tokenizers, limits, workers)
+
+    async def register(server: grpc.aio.Server) -> list[str]:
+        for t in tokenizers:
+            log.info("serving %s from %s (%s, vocab %d)", t.name, t.path, t.backend.kind, t.backend.vocab_size)
+        tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
+        return [SERVICE_NAME]
+
+    async def close() -> None:
+        servicer.close()
+
+    return ServiceSpec(name="tokenizer", register=register, close=close)

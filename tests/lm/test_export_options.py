@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -146,3 +147,12 @@ def test_cli_bad_source_exits_2_with_one_line_error(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"error: source {tmp_path / 'nope'} is not a folder"]
+
+
+def test_corrupt_weights_give_a_clear_error(tiny_lm, tmp_path):
+    source = tmp_path / "corrupt"
+    shutil.copytree(tiny_lm("llama").hf_dir, source)
+    (source / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ExportError, match="could not load a transformers causal LM"):
+        export_lm(source, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -84,9 +84,14 @@ def export_lm(
     log = _Progress(progress)
 
     with log.step(f"loading {family.name} model from {src}"):
-        config = AutoConfig.from_pretrained(src)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], attn_implementation="eager").eval()
+        try:
+            config = AutoConfig.from_pretrained(src)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], attn_implementation="eager")
+        except Exception as exc:  # safetensors, torch and transformers each raise their own kinds
+            raise ExportError(f"could not load a transformers causal LM from {src}: {exc}") from exc
+    model.eval()
     kv = kv_shape(config)
+    eval_ids = _eval_token_ids(src, eval_text, config) if eval_text is not None else None
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -111,7 +116,6 @@ def export_lm(
             metadata["validation"] = _validate(model, staging / "model.onnx", config.vocab_size, dtype)
         log.info(f"max |logits(onnxruntime) - logits(torch)| = {metadata['validation']['max_abs_diff']}")
 
-        eval_ids = _eval_token_ids(src, eval_text, config) if eval_text is not None else None
         if quantize:
             metadata.update(_quantize(staging, model, config.vocab_size, eval_ids, log))
         elif eval_ids is not None:

@@ -36,10 +36,19 @@ def main(argv: list[str] | None = None) -> None:
     config = load_config(TokenizerConfig, "tokenizer", argv)
     if not config.models.strip():
         sys.exit("muestra-tokenizer: no tokenizers given; pass --models DIR or set MUESTRA_TOKENIZER_MODELS")
+    for field in ("max_text_bytes", "max_batch_size", "max_sequence_ids", "max_messages", "workers"):
+        if getattr(config, field) < 1:
+            sys.exit(f"muestra-tokenizer: --{field.replace('_', '-')} must be at least 1")
+    tokenizers = []
     try:
-        tokenizers = [load_tokenizer(name, path) for name, path in parse_models(config.models)]
-    except Exception as exc:  # noqa: BLE001 - any load failure ends start-up with its message
-        sys.exit(f"muestra-tokenizer: cannot load tokenizers: {type(exc).__name__}: {exc}")
+        entries = parse_models(config.models)
+    except ValueError as exc:
+        sys.exit(f"muestra-tokenizer: --models: {exc}")
+    for name, path in entries:
+        try:
+            tokenizers.append(load_tokenizer(name, path))
+        except Exception as exc:  # noqa: BLE001 - any load failure ends start-up with its message
+            sys.exit(f"muestra-tokenizer: cannot load tokenizer {name!r} from {path}: {type(exc).__name__}: {exc}")
     limits = Limits(config.max_text_bytes, config.max_batch_size, config.max_sequence_ids, config.max_messages)
     run_service(service_spec(tokenizers, limits, config.workers), config)
 

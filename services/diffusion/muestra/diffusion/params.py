@@ -148,10 +148,13 @@ def parse_image_request(
     if options:
         config = dict(sampler.build(base_scheduler_config).config)
         options = _typed_options(sampler.name, config, options)
-        try:
-            sampler.build(base_scheduler_config, options).set_timesteps(steps)
-        except Exception as exc:  # the scheduler's own check of its config, e.g. an unknown timestep_spacing
+    # Let the scheduler check its config and the step count now, rather than fail inside the denoising loop.
+    try:
+        sampler.build(base_scheduler_config, options).set_timesteps(steps)
+    except Exception as exc:  # e.g. an unknown timestep_spacing, or PNDM's PRK warm-up needing 4 steps
+        if options:
             raise InvalidArgument("extra.scheduler", f"sampler {sampler.name!r} rejects these options: {exc}") from exc
+        raise InvalidArgument("steps", f"sampler {sampler.name!r} cannot run {steps} steps: {exc}") from exc
     return GenerationParams(
         prompt=request.prompt,
         negative_prompt=request.negative_prompt,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -99,7 +101,9 @@ class GenerationWorker:
         generation = Generation(loop, started)
         self._pending += 1
         QUEUE_DEPTH.set(self._pending)
-        future = loop.run_in_executor(self._executor, self._run, params, generation)
+        # The worker's log lines carry the request id, like the rest of the request's.
+        run = functools.partial(contextvars.copy_context().run, self._run, params, generation)
+        future = loop.run_in_executor(self._executor, run)
         future.add_done_callback(self._finished)
         return generation
 

@@ -1,0 +1,62 @@
+"""A small synchronous client for the diffusion tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import urllib.request
+
+import grpc
+import numpy as np
+from PIL import Image
+
+from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc
+
+
+@functools.cache
+def stub(address: str) -> diffusion_pb2_grpc.DiffusionStub:
+    return diffusion_pb2_grpc.DiffusionStub(grpc.insecure_channel(address))
+
+
+@dataclasses.dataclass
+class Result:
+    progress: list[diffusion_pb2.ImageProgress]
+    images: list[diffusion_pb2.GeneratedImage]
+    # "progress" or "image", in arrival order.
+    kinds: list[str]
+
+
+def generate(address: str, timeout: float = 120, **fields) -> Result:
+    """Run one Generate call to the end and collect what it streamed."""
+    result = Result([], [], [])
+    for response in stub(address).Generate(diffusion_pb2.ImageRequest(**fields), timeout=timeout):
+        kind = response.WhichOneof("kind")
+        result.kinds.append(kind)
+        if kind == "progress":
+            result.progress.append(response.progress)
+        else:
+            result.images.append(response.image)
+    return result
+
+
+def rpc_error(address: str, **fields) -> grpc.RpcError:
+    """The error a Generate call ends with (fails the test if it succeeds)."""
+    try:
+        generate(address, **fields)
+    except grpc.RpcError as error:
+        return error
+    raise AssertionError(f"Generate({fields}) succeeded; an error was expected")
+
+
+def pixels(png: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+
+def metric(port: int, name: str) -> float:
+    """The value of an unlabelled Prometheus sample from the service's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise KeyError(name)

@@ -6,9 +6,8 @@ import asyncio
 import dataclasses
 import time
 
-import numpy as np
-
 from muestra.gateway.detokenize import DetokenizeState
+from muestra.gateway.sampling import SamplingRow, SearchRequest
 from muestra.gateway.stops import StopStringMatcher
 from muestra.v1 import gateway_pb2
 
@@ -37,6 +36,8 @@ class GenerationRequest:
     # What the Generate handler streams: GenerateResponse messages, an exception, or None at the end.
     out: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     open_sequences: int = 0
+    # lm rows this request occupies (n, or the number of beams).
+    rows: int = 1
 
     def emit(self, message: gateway_pb2.GenerateResponse) -> None:
         self.out.put_nowait(message)
@@ -47,15 +48,15 @@ class GenerationRequest:
 
 
 class Sequence:
-    """One of a request's n completions: one row of the lm batch (several for beam search)."""
+    """One of a request's n completions, and its row of the lm batch."""
 
-    def __init__(self, request: GenerationRequest, index: int, context_ids: list[int]) -> None:
+    def __init__(self, request: GenerationRequest, index: int, sampling: SamplingRow) -> None:
         self.request = request
         self.index = index
-        self.rng = np.random.default_rng([request.seed, index])
+        self.sampling = sampling
         self.generated: list[int] = []
         self.pending_token: int | None = None  # sampled but not yet fed to the lm
-        self.detok = DetokenizeState(context_ids)
+        self.detok = DetokenizeState(request.prompt_ids)
         self.stops = StopStringMatcher(request.stop, request.include_stop_str_in_output)
         self.unsent_ids: list[int] = []
         self.unsent_logprobs: list[gateway_pb2.TokenLogprob] = []
@@ -63,6 +64,7 @@ class Sequence:
         self.stop_reason = ""
         self.first_token_at: float | None = None
         self.done_sent = False
+        self.error = ""
 
     @property
     def finished(self) -> bool:
@@ -84,6 +86,7 @@ class Sequence:
     def emit_done(self, error: str = "") -> None:
         if self.done_sent:
             return
+        error = error or self.error
         self.done_sent = True
         request = self.request
         now = time.monotonic()
@@ -115,3 +118,30 @@ class Sequence:
         request.open_sequences -= 1
         if request.open_sequences <= 0:
             request.out.put_nowait(None)
+
+
+class BeamGroup:
+    """A beam-search request: its search state and its completions (streamed once it is done)."""
+
+    def __init__(self, request: GenerationRequest, search: SearchRequest) -> None:
+        self.request = request
+        self.search = search
+        self.pending = None  # the last SearchStep, until the batch is reordered by it
+        self.sequences = [Sequence(request, i, None) for i in range(request.n)]
+
+    @property
+    def finished(self) -> bool:
+        return self.search.done or self.request.cancelled
+
+
+class BeamRow:
+    """One running beam: a row of the lm batch that belongs to a BeamGroup."""
+
+    def __init__(self, group: BeamGroup, pending_token: int | None = None) -> None:
+        self.group = group
+        self.request = group.request
+        self.pending_token = pending_token
+
+    @property
+    def finished(self) -> bool:
+        return self.group.finished

@@ -1,9 +1,9 @@
 """Continuous batching on one lm replica.
 
-Between two decode steps, finished and cancelled rows leave the batch (Filter) and waiting
-requests are prefilled and join it (Decode concatenates the new batches with the running
-one). One Decode call per step serves every row; detokenization of step t overlaps the
-lm's work on step t+1.
+Between two decode steps, finished and cancelled rows leave the batch and beam-search rows
+are reordered (one Filter call, repeats allowed), and waiting requests are prefilled and join
+it (Decode concatenates the new batches with the running one). One Decode call per step
+serves every row; the detokenization of step t overlaps the lm's work on step t+1.
 """
 
 from __future__ import annotations
@@ -17,14 +17,17 @@ import grpc
 import numpy as np
 
 from muestra.gateway.models import LmReplica, TextModel
-from muestra.gateway.request import GenerationRequest, Sequence
+from muestra.gateway.request import BeamGroup, BeamRow, GenerationRequest, Sequence
+from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
 from muestra.runtime.errors import MuestraError, ResourceExhausted
 from muestra.v1 import gateway_pb2, lm_pb2, tokenizer_pb2
 
 log = logging.getLogger("muestra.gateway.scheduler")
+Row = Sequence | BeamRow
 
 
 def grpc_error_to_muestra(exc: grpc.aio.AioRpcError) -> MuestraError:
+    """A backend's status, passed on to the client with its code and message."""
     error = MuestraError(exc.details() or exc.code().name)
     error.code = exc.code()
     return error
@@ -37,15 +40,24 @@ def logits_matrix(output: lm_pb2.BatchOutput) -> np.ndarray | None:
     return np.frombuffer(tensor.data, dtype=np.float32).reshape(tuple(tensor.shape))
 
 
+def _groups(rows: list[Row]) -> dict[BeamGroup, list[int]]:
+    """Each beam group in the batch with the positions of its rows, in order."""
+    groups: dict[BeamGroup, list[int]] = {}
+    for i, row in enumerate(rows):
+        if isinstance(row, BeamRow):
+            groups.setdefault(row.group, []).append(i)
+    return groups
+
+
 class ReplicaScheduler:
-    def __init__(self, model: TextModel, replica: LmReplica, sampler, max_rows: int, max_queue: int) -> None:
+    def __init__(self, model: TextModel, replica: LmReplica, max_rows: int, max_queue: int) -> None:
         self.model = model
         self.replica = replica
-        self.sampler = sampler
         self.max_rows = max_rows
         self.max_queue = max_queue
+        self.model_info = ModelInfo(model.vocab_size, model.eos_token_ids, model.context_length)
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
-        self.rows: list[Sequence] = []
+        self.rows: list[Row] = []
         self.batch_id = ""
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -54,7 +66,7 @@ class ReplicaScheduler:
     # -- called by the Generate handlers ------------------------------------------------------
 
     def load(self) -> int:
-        return len(self.rows) + sum(r.n for r in self.waiting)
+        return len(self.rows) + sum(r.rows for r in self.waiting)
 
     def submit(self, request: GenerationRequest) -> None:
         if len(self.waiting) >= self.max_queue:
@@ -81,21 +93,23 @@ class ReplicaScheduler:
                 if detok_task is not None:
                     await detok_task
                     detok_task = None
-                self._expire_deadlines()
-                await self._drop_finished_rows()
+                self._expire()
+                self.batch_id, self.rows = await self._reshape(self.batch_id, self.rows)
                 new_batches = await self._admit()
-                if not self.rows:
+                if not self.rows and not new_batches:
                     continue
                 stepped = await self._decode(new_batches)
                 detok_task = asyncio.get_running_loop().create_task(self._detokenize(stepped))
-            except Exception as exc:  # the lm or tokenizer failed: fail what is in flight, keep serving
+            except Exception as exc:  # the lm or tokenizer failed: end what is in flight, keep serving
                 log.exception("step failed on %s", self.replica.address)
                 self._fail_running(exc)
+                detok_task = None
 
-    def _expire_deadlines(self) -> None:
+    def _expire(self) -> None:
         now = time.monotonic()
         for row in self.rows:
-            if row.request.deadline is not None and now > row.request.deadline and not row.finished:
+            deadline = row.request.deadline
+            if deadline is not None and now > deadline and isinstance(row, Sequence) and not row.finished:
                 row.finish(gateway_pb2.CANCELLED, "deadline exceeded")
         for request in list(self.waiting):
             if request.cancelled or (request.deadline is not None and now > request.deadline):
@@ -103,28 +117,47 @@ class ReplicaScheduler:
                 request.cancelled = True
                 request.out.put_nowait(None)
 
-    async def _drop_finished_rows(self) -> None:
-        finished = [row for row in self.rows if row.finished]
-        if not finished:
-            return
-        for row in finished:
-            if row.request.cancelled and not row.done_sent:
-                row.emit_done()
-        keep = [i for i, row in enumerate(self.rows) if not row.finished]
+    async def _reshape(self, batch_id: str, rows: list[Row]) -> tuple[str, list[Row]]:
+        """Drop finished rows and reorder beams, with one Filter call when anything changed."""
+        keep: list[int] = []
+        kept: list[Row] = []
+        groups = _groups(rows)
+        for i, row in enumerate(rows):
+            if isinstance(row, Sequence):
+                if row.finished:
+                    if row.request.cancelled:
+                        row.emit_done()
+                    continue
+                keep.append(i)
+                kept.append(row)
+                continue
+            group = row.group
+            positions = groups.get(group)
+            if positions is None or positions[0] != i:
+                continue  # the group was handled at its first row
+            if group.finished:
+                if group.request.cancelled:
+                    for sequence in group.sequences:
+                        sequence.emit_done()
+                continue
+            step = group.pending
+            group.pending = None
+            for source, token in zip(step.source_rows, step.next_tokens, strict=True):
+                keep.append(positions[source])
+                kept.append(BeamRow(group, int(token)))
+        if keep == list(range(len(rows))):
+            return batch_id, kept
         if not keep:
-            await self.replica.stub.Clear(lm_pb2.ClearRequest(batch_ids=[self.batch_id]))
-            self.rows, self.batch_id = [], ""
-            return
-        reply = await self.replica.stub.Filter(lm_pb2.FilterRequest(batch_id=self.batch_id, rows=keep))
-        self.rows = [self.rows[i] for i in keep]
-        self.batch_id = reply.batch_id
+            await self.replica.stub.Clear(lm_pb2.ClearRequest(batch_ids=[batch_id]))
+            return "", []
+        reply = await self.replica.stub.Filter(lm_pb2.FilterRequest(batch_id=batch_id, rows=keep))
+        return reply.batch_id, kept
 
-    async def _admit(self) -> list[tuple[str, list[Sequence]]]:
-        """Prefill waiting requests while rows are free; their first tokens are sampled here."""
+    async def _admit(self) -> list[tuple[str, list[Row]]]:
+        """Prefill waiting requests while rows are free; their first tokens are picked here."""
         new_batches = []
-        while (
-            self.waiting and len(self.rows) + sum(len(r) for _, r in new_batches) + self.waiting[0].n <= self.max_rows
-        ):
+        used = len(self.rows)
+        while self.waiting and used + self.waiting[0].rows <= self.max_rows:
             request = self.waiting.popleft()
             if request.cancelled:
                 request.out.put_nowait(None)
@@ -137,10 +170,25 @@ class ReplicaScheduler:
                 continue
             if rows:
                 new_batches.append((batch_id, rows))
+                used += len(rows)
         return new_batches
 
-    async def _prefill(self, request: GenerationRequest) -> tuple[str, list[Sequence]]:
-        kind = lm_pb2.LOGITS if self.sampler.needs_logits(request) else lm_pb2.ARGMAX
+    async def _prefill(self, request: GenerationRequest) -> tuple[str, list[Row]]:
+        chain = request.chain
+        if chain.is_search:
+            group = BeamGroup(
+                request, SearchRequest(chain, request.prompt_ids, self.model_info, request.max_tokens, request.seed)
+            )
+            rows: list[Row] = [BeamRow(group)]
+            request.open_sequences = request.n
+            kind = lm_pb2.LOGITS
+        else:
+            sampling = new_rows(
+                chain, request.prompt_ids, request.seed, request.n, request.logprobs, request.top_logprobs
+            )
+            rows = [Sequence(request, i, s) for i, s in enumerate(sampling)]
+            request.open_sequences = len(rows)
+            kind = sampling[0].output_kind
         reply = await self.replica.stub.Prefill(
             lm_pb2.PrefillRequest(
                 rows=[
@@ -153,29 +201,20 @@ class ReplicaScheduler:
             )
         )
         request.cached_tokens = reply.output.rows[0].cached_tokens
-        rows = [Sequence(request, i, request.prompt_ids) for i in range(request.n)]
-        request.open_sequences = len(rows)
         batch_id = reply.batch_id
         logits = logits_matrix(reply.output)
-        argmax = [reply.output.rows[0].argmax]
-        if request.n > 1:
-            filtered = await self.replica.stub.Filter(lm_pb2.FilterRequest(batch_id=batch_id, rows=[0] * request.n))
-            batch_id = filtered.batch_id
-            if logits is not None:
-                logits = np.repeat(logits, request.n, axis=0)
-            argmax = argmax * request.n
-        self._accept(rows, logits, argmax)
+        argmax = reply.output.rows[0].argmax
+        if isinstance(rows[0], Sequence) and len(rows) > 1:
+            # n > 1: the completions share this prefill; Filter repeats its row.
+            batch_id = (
+                await self.replica.stub.Filter(lm_pb2.FilterRequest(batch_id=batch_id, rows=[0] * len(rows)))
+            ).batch_id
+        index = [0] * len(rows) if logits is not None else [-1] * len(rows)
+        await self._accept(rows, logits, index, [argmax] * len(rows))
         await self._detokenize(rows)
-        live = [row for row in rows if not row.finished]
-        if len(live) < len(rows):  # finished on the first token (EOS, max_tokens=1, a stop)
-            keep = [i for i, row in enumerate(rows) if not row.finished]
-            if not keep:
-                await self.replica.stub.Clear(lm_pb2.ClearRequest(batch_ids=[batch_id]))
-                return "", []
-            batch_id = (await self.replica.stub.Filter(lm_pb2.FilterRequest(batch_id=batch_id, rows=keep))).batch_id
-        return batch_id, live
+        return await self._reshape(batch_id, rows)
 
-    async def _decode(self, new_batches: list[tuple[str, list[Sequence]]]) -> list[Sequence]:
+    async def _decode(self, new_batches: list[tuple[str, list[Row]]]) -> list[Row]:
         batches = []
         if self.batch_id:
             batches.append(lm_pb2.DecodeBatch(batch_id=self.batch_id, next_ids=[r.pending_token for r in self.rows]))
@@ -185,43 +224,97 @@ class ReplicaScheduler:
         reply = await self.replica.stub.Decode(lm_pb2.DecodeRequest(batches=batches))
         self.batch_id = reply.batch_id
         self.steps += 1
-        self._accept(self.rows, logits_matrix(reply.output), [r.argmax for r in reply.output.rows], reply.output)
-        return list(self.rows)
+        output = reply.output
+        await self._accept(
+            self.rows, logits_matrix(output), [r.logits_row for r in output.rows], [r.argmax for r in output.rows]
+        )
+        return [row for row in self.rows if isinstance(row, Sequence)]
 
-    def _accept(
-        self, rows: list[Sequence], logits, argmax: list[int], output: lm_pb2.BatchOutput | None = None
-    ) -> None:
-        """Pick each row's next token and apply the finish rules that need no text."""
-        if logits is not None and output is not None:
-            # Only rows that asked for LOGITS have a row in the matrix; map them.
-            index = [r.logits_row for r in output.rows]
+    async def _accept(self, rows: list[Row], logits, index: list[int], argmax: list[int]) -> None:
+        """Pick every row's next token (samplers, or the beam search) and apply the finish rules."""
+        positions = [i for i, row in enumerate(rows) if isinstance(row, Sequence)]
+        if positions:
+            result = sample_next_tokens(
+                [rows[i].sampling for i in positions],
+                logits,
+                [index[i] for i in positions],
+                [argmax[i] for i in positions],
+            )
+            now = time.monotonic()
+            for k, i in enumerate(positions):
+                self._take(rows[i], result, k, now)
+        for group, where in _groups(rows).items():
+            group.pending = group.search.step(logits[[index[p] for p in where]])
+            if group.search.done:
+                await self._finish_beams(group)
+
+    def _take(self, row: Sequence, result, k: int, now: float) -> None:
+        request = row.request
+        if result.errors[k] is not None:
+            row.finish(gateway_pb2.ERROR)
+            row.error = result.errors[k]
+            return
+        token = int(result.token_ids[k])
+        row.generated.append(token)
+        row.first_token_at = row.first_token_at or now
+        row.unsent_ids.append(token)
+        if request.logprobs:
+            top_ids = result.top_ids[k] if result.top_ids[k] is not None else ()
+            top_logprobs = result.top_logprobs[k] if result.top_ids[k] is not None else ()
+            top = [
+                gateway_pb2.TopLogprob(token_id=int(t), logprob=float(lp))
+                for t, lp in zip(top_ids, top_logprobs, strict=True)
+            ]
+            row.unsent_logprobs.append(
+                gateway_pb2.TokenLogprob(token_id=token, logprob=float(result.logprobs[k]), top=top)
+            )
+        if not request.ignore_eos and token in self.model.eos_token_ids:
+            row.finish(gateway_pb2.STOP, f"eos:{token}")
+        elif token in request.stop_token_ids:
+            row.finish(gateway_pb2.STOP, f"token:{token}")
         else:
-            index = list(range(len(rows))) if logits is not None else [-1] * len(rows)
-        picks = self.sampler.next_tokens(rows, logits, index, argmax)
-        now = time.monotonic()
-        for row, (token, logprob) in zip(rows, picks, strict=True):
-            request = row.request
-            row.generated.append(token)
-            row.first_token_at = row.first_token_at or now
-            row.unsent_ids.append(token)
-            if logprob is not None:
-                row.unsent_logprobs.append(logprob)
-            if not request.ignore_eos and token in self.model.eos_token_ids:
-                row.finish(gateway_pb2.STOP, f"eos:{token}")
-            elif token in request.stop_token_ids:
-                row.finish(gateway_pb2.STOP, f"token:{token}")
-            else:
-                row.detok.add([token])
-                row.pending_token = token
-            if not row.finished and (
-                len(row.generated) >= request.max_tokens
-                or len(request.prompt_ids) + len(row.generated) >= self.model.context_length
-            ):
-                row.finish(gateway_pb2.LENGTH)
+            row.detok.add([token])
+            row.pending_token = token
+        if not row.finished and (
+            len(row.generated) >= request.max_tokens
+            or len(request.prompt_ids) + len(row.generated) >= self.model.context_length
+        ):
+            row.finish(gateway_pb2.LENGTH)
 
-    async def _detokenize(self, rows: list[Sequence]) -> None:
+    async def _finish_beams(self, group: BeamGroup) -> None:
+        """A finished search: decode its best hypotheses and stream them as the n completions."""
+        hypotheses = group.search.results()[: group.request.n]
+        reply = await self.model.tokenizer.Decode(
+            tokenizer_pb2.DecodeTokensRequest(
+                model=self.model.tokenizer_model,
+                sequences=[tokenizer_pb2.TokenIds(ids=h.token_ids) for h in hypotheses],
+                skip_special_tokens=True,
+            )
+        )
+        now = time.monotonic()
+        for sequence, hypothesis, text in zip(group.sequences, hypotheses, reply.texts, strict=False):
+            sequence.generated = list(hypothesis.token_ids)
+            sequence.unsent_ids = list(hypothesis.token_ids)
+            sequence.first_token_at = sequence.first_token_at or now
+            ends_with_eos = bool(hypothesis.token_ids) and hypothesis.token_ids[-1] in self.model.eos_token_ids
+            out = sequence.stops.feed(text)
+            if sequence.stops.matched is not None:
+                sequence.finish(gateway_pb2.STOP, sequence.stops.matched)
+            else:
+                out += sequence.stops.flush()
+                sequence.finish(gateway_pb2.STOP if ends_with_eos else gateway_pb2.LENGTH)
+            sequence.emit_text(out)
+            sequence.emit_done()
+        for sequence in group.sequences[len(hypotheses) :]:
+            sequence.emit_done(error="beam search produced fewer hypotheses than n")
+
+    async def _detokenize(self, rows: list[Row]) -> None:
         """One DetokenizeStep for every row with new ids; stream the text, apply stop strings."""
-        active = [row for row in rows if not row.done_sent and (row.detok.pending() or row.finished)]
+        active = [
+            row
+            for row in rows
+            if isinstance(row, Sequence) and not row.done_sent and (row.detok.pending() or row.finished)
+        ]
         if not active:
             return
         reply = await self.model.tokenizer.DetokenizeStep(
@@ -231,6 +324,7 @@ class ReplicaScheduler:
                 skip_special_tokens=True,
             )
         )
+        await self._name_logprob_tokens(active)
         for row, delta in zip(active, reply.deltas, strict=True):
             text = row.stops.feed(row.detok.apply(delta))
             if row.stops.matched is not None:
@@ -244,8 +338,27 @@ class ReplicaScheduler:
             if row.finished:
                 row.emit_done()
 
+    async def _name_logprob_tokens(self, rows: list[Sequence]) -> None:
+        """Fill in the text of each token listed with logprobs (one Decode call for all of them)."""
+        entries = [entry for row in rows for entry in row.unsent_logprobs if not entry.token]
+        if not entries:
+            return
+        ids = sorted({e.token_id for e in entries} | {t.token_id for e in entries for t in e.top})
+        reply = await self.model.tokenizer.Decode(
+            tokenizer_pb2.DecodeTokensRequest(
+                model=self.model.tokenizer_model, sequences=[tokenizer_pb2.TokenIds(ids=[i]) for i in ids]
+            )
+        )
+        text = dict(zip(ids, reply.texts, strict=True))
+        for entry in entries:
+            entry.token = text[entry.token_id]
+            for alternative in entry.top:
+                alternative.token = text[alternative.token_id]
+
     def _fail_running(self, exc: Exception) -> None:
         message = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
         for row in self.rows:
-            row.emit_done(error=f"lm replica {self.replica.address} failed: {message}")
+            sequences = row.group.sequences if isinstance(row, BeamRow) else [row]
+            for sequence in sequences:
+                sequence.emit_done(error=f"lm replica {self.replica.address} failed: {message}")
         self.rows, self.batch_id = [], ""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 import time
@@ -12,6 +11,7 @@ import grpc
 from muestra.gateway.config import GatewayConfig
 from muestra.gateway.models import ModelRegistry, TextModel
 from muestra.gateway.request import GenerationRequest
+from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.scheduler import ReplicaScheduler, grpc_error_to_muestra
 from muestra.runtime.errors import InvalidArgument, check_limit
 from muestra.runtime.logs import request_id_var
@@ -23,14 +23,13 @@ def _utf8_len(text: str) -> int:
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, config: GatewayConfig, registry: ModelRegistry, samplers) -> None:
+    def __init__(self, config: GatewayConfig, registry: ModelRegistry, samplers: SamplerRegistry) -> None:
         self.config = config
         self.registry = registry
         self.samplers = samplers
         self.schedulers: dict[str, list[ReplicaScheduler]] = {
             model.name: [
-                ReplicaScheduler(model, replica, samplers, config.max_batch_rows, config.max_queue)
-                for replica in model.replicas
+                ReplicaScheduler(model, replica, config.max_batch_rows, config.max_queue) for replica in model.replicas
             ]
             for model in registry.text.values()
         }
@@ -92,7 +91,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """Validate, tokenize and build the scheduler's request (shared with the HTTP API)."""
         model = self.registry.text_model(request.model)
         self._validate(request)
-        chain = self.samplers.prepare(list(request.samplers), model.generation_config, request)
+        model_info = ModelInfo(model.vocab_size, model.eos_token_ids, model.context_length)
+        chain = prepare_chain(self.samplers, list(request.samplers), model.generation_config, model_info)
+        n = request.n or 1
+        rows = n
+        if chain.is_search:
+            rows = chain.last.params["num_beams"]
+            if n > rows:
+                raise InvalidArgument("n", f"beam search returns at most num_beams ({rows}) completions, got {n}")
+            if request.logprobs or request.top_logprobs:
+                raise InvalidArgument("logprobs", "is not available with beam search")
+        if rows > self.config.max_batch_rows:
+            raise InvalidArgument("n", f"needs {rows} rows; the gateway's batch holds {self.config.max_batch_rows}")
         prompt_ids = await self._prompt_ids(model, request)
         if not prompt_ids:
             raise InvalidArgument("prompt", "encodes to no tokens")
@@ -118,7 +128,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             request_id=request_id_var.get(),
             prompt_ids=prompt_ids,
             max_tokens=request.max_tokens or room,
-            n=request.n or 1,
+            n=n,
+            rows=rows,
             seed=request.seed if request.HasField("seed") else secrets.randbits(63),
             chain=chain,
             stop=list(request.stop),
@@ -184,31 +195,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return gateway_pb2.ListModelsResponse(models=models)
 
     async def ListSamplers(self, request, context):
-        return gateway_pb2.ListSamplersResponse(
-            samplers=[
-                gateway_pb2.SamplerInfo(
-                    name=info.name,
-                    plugin=info.plugin,
-                    distribution=info.distribution,
-                    version=info.version,
-                    description=info.description,
-                    parameter_schema=json.dumps(info.parameter_schema),
-                    argmax_invariant=info.argmax_invariant,
-                )
-                for info in self.samplers.list()
-            ]
-        )
+        return gateway_pb2.ListSamplersResponse(samplers=[entry.to_proto() for entry in self.samplers.list()])
 
     async def ListPlugins(self, request, context):
-        return gateway_pb2.ListPluginsResponse(
-            plugins=[
-                gateway_pb2.PluginInfo(
-                    name=p.name,
-                    distribution=p.distribution,
-                    version=p.version,
-                    disabled=p.disabled,
-                    samplers=p.samplers,
-                )
-                for p in self.samplers.plugins()
-            ]
-        )
+        return gateway_pb2.ListPluginsResponse(plugins=[plugin.to_proto() for plugin in self.samplers.plugins()])

@@ -1,0 +1,39 @@
+"""`python -m muestra.gateway`: the public gRPC API in front of the tokenizer, lm and diffusion services."""
+
+from __future__ import annotations
+
+import logging
+
+from muestra.gateway.auth import ApiKeyInterceptor
+from muestra.gateway.config import GatewayConfig
+from muestra.gateway.models import ModelRegistry
+from muestra.gateway.sampling import SamplerRegistry
+from muestra.gateway.server import GatewayServicer
+from muestra.runtime import ServiceSpec, load_config, run_service
+from muestra.v1 import gateway_pb2, gateway_pb2_grpc
+
+log = logging.getLogger("muestra.gateway")
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = load_config(GatewayConfig, "gateway", argv)
+    registry = ModelRegistry()
+    keys = [key.strip() for key in config.api_keys.split(",") if key.strip()]
+
+    async def register(server) -> list[str]:
+        samplers = SamplerRegistry.load()
+        log.info("samplers: %s", ", ".join(samplers.names()))
+        await registry.connect(config)
+        gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(config, registry, samplers), server)
+        if keys:
+            log.info("API keys required (%d configured)", len(keys))
+        return [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name]
+
+    run_service(
+        ServiceSpec(name="gateway", register=register, close=registry.close, interceptors=[ApiKeyInterceptor(keys)]),
+        config,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,8 @@ pytest_plugins = [
     "tests.fixtures.tokenizers",
     "tests.fixtures.lm_models",
     "tests.fixtures.lm_service",
+    "tests.fixtures.samplers",
+    "tests.fixtures.text_stack",
 ]
 
 

@@ -131,7 +131,7 @@ class BeamSearchStrategy(SearchStrategy):
     name = "beam_search"
     description = "Keep the num_beams most likely continuations at each step; return the best finished ones."
     parameters = {
-        "num_beams": Int(4, "Beams kept at each step.", ge=1, le=32),
+        "num_beams": Int(4, "Beams kept at each step (for one, use greedy).", ge=2, le=32),
         "length_penalty": Float(
             1.0, "Finished scores are divided by length**length_penalty (> 0 favours longer).", ge=-10.0, le=10.0
         ),

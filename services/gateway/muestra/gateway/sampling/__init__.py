@@ -1,7 +1,7 @@
 """Sampling in the gateway: the registry of samplers, chain validation, and running chains over a batch.
 
     registry = SamplerRegistry.load()                          # at start-up: pluggy, entry points
-    chain = validate_chain(registry, request.samplers, model)  # before admission; InvalidArgument
+    chain = prepare_chain(registry, request.samplers, generation_config, model)  # before admission
     rows = new_rows(chain, prompt_ids, seed, n, logprobs, top_logprobs)
     kinds = [row.output_kind for row in rows]                  # lm_pb2.ARGMAX or lm_pb2.LOGITS
     result = sample_next_tokens(rows, logits, logits_row, argmax)   # every decode step
@@ -15,6 +15,7 @@ from muestra.gateway.sampling.chain import (
     ChainStep,
     default_chain,
     default_specs,
+    prepare_chain,
     spec_to_dict,
     validate_chain,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "default_chain",
     "default_specs",
     "new_rows",
+    "prepare_chain",
     "request_generators",
     "run_search",
     "sample_next_tokens",

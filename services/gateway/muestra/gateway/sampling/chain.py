@@ -160,6 +160,17 @@ def default_specs(generation_config: Mapping[str, Any]) -> list[dict[str, Any]]:
 def default_chain(registry: SamplerRegistry, generation_config: Mapping[str, Any], model: ModelInfo) -> Chain:
     """The model's default chain; FailedPrecondition if its generation_config.json is unusable."""
     try:
-        return validate_chain(registry, default_specs(generation_config), model, field="generation_config")
+        return validate_chain(registry, default_specs(generation_config), model)
     except InvalidArgument as exc:
-        raise FailedPrecondition(f"the model's generation_config.json gives an invalid sampler chain: {exc}") from None
+        setting = exc.field.rsplit(".", 1)[-1]  # samplers[i].params.temperature -> temperature
+        message = str(exc).split(": ", 1)[-1]
+        raise FailedPrecondition(f"the model's generation_config.json: {setting} {message}") from None
+
+
+def prepare_chain(
+    registry: SamplerRegistry, specs: Sequence[Any], generation_config: Mapping[str, Any], model: ModelInfo
+) -> Chain:
+    """The request's chain if it gave one, else the model's default chain."""
+    if specs:
+        return validate_chain(registry, specs, model)
+    return default_chain(registry, generation_config, model)

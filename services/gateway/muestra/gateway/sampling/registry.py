@@ -30,6 +30,23 @@ class RegisteredSampler:
     def name(self) -> str:
         return self.sampler.name
 
+    @property
+    def description(self) -> str:
+        return self.sampler.description
+
+    @property
+    def parameter_schema(self) -> dict:
+        return self.sampler.parameter_schema
+
+    @property
+    def argmax_invariant(self) -> bool:
+        return self.sampler.argmax_invariant
+
+    @property
+    def kind(self) -> str:
+        """ "processor", "selector" or "search"."""
+        return kind_of(self.sampler)
+
     def to_proto(self) -> gateway_pb2.SamplerInfo:
         return gateway_pb2.SamplerInfo(
             name=self.name,

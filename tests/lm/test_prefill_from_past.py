@@ -1,0 +1,35 @@
+"""The engine's prefill can start a row from a given past (the seam the prefix cache will use)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from muestra.lm.engine import DecodeInput, Engine, PrefillInput
+from muestra.lm.model import OnnxDecoder
+from muestra.v1 import lm_pb2
+from tests.fixtures.lm_models import LM_FAMILIES, MAX_POSITIONS
+from tests.lm.lm_client import prompts
+
+FULL = (lm_pb2.LOGITS, 0)
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_prefill_after_a_given_past_equals_prefilling_the_whole_prompt(tiny_lm, family):
+    decoder = OnnxDecoder(tiny_lm(family).onnx_dir, providers="cpu", intra_op_threads=1, context_length=MAX_POSITIONS)
+    engine = Engine(decoder, max_batch_rows=8, kv_budget_bytes=1 << 30, max_top_n=8)
+    head, tail, other = (np.array(p) for p in prompts([9, 4, 6], decoder.info.vocab_size, seed=11))
+    whole_prompt = np.concatenate([head, tail])
+    whole = engine.prefill([PrefillInput("whole", whole_prompt, FULL), PrefillInput("other", other, FULL)])
+    first = engine.prefill([PrefillInput("head", head, FULL)])
+    past = [tensor[0] for tensor in engine.batches[first.batch_id].kv.host_arrays()]
+    # The row with a past comes first: the engine runs it apart and must restore the row order.
+    split = engine.prefill([PrefillInput("tail", tail, FULL, past=past), PrefillInput("other", other, FULL)])
+    assert np.abs(split.logits[0] - whole.logits[0]).max() <= 1e-4
+    assert np.abs(split.logits[1] - whole.logits[1]).max() <= 1e-4
+    assert engine.batches[split.batch_id].request_ids == ["tail", "other"]
+
+    next_ids = np.array([5, 7])
+    expected = engine.decode([DecodeInput(whole.batch_id, next_ids, None)]).logits
+    got = engine.decode([DecodeInput(split.batch_id, next_ids, None)]).logits
+    assert np.abs(got - expected).max() <= 1e-4

@@ -132,3 +132,23 @@ def test_a_stream_after_a_prompt_keeps_the_leading_space(tokenizer_stub, referen
         text += state.apply(tokenizer_stub.DetokenizeStep(request).deltas[0])
     assert text == " es azul"
     assert reference.decode(prompt) + text == reference.decode(ids)
+
+
+def test_advances_are_offsets_from_the_start_of_the_window_sent(tokenizer_stub, reference_tokenizers):
+    reference = reference_tokenizers["bpe"]
+    words, emoji = library_encode(reference, "hola que"), library_encode(reference, "🙂")
+    window = words + emoji[:-1]  # ends inside the emoji: held back
+    request = tokenizer_pb2.DetokenizeStepRequest(
+        model="bpe",
+        streams=[
+            tokenizer_pb2.DetokenizeStream(ids=words, read_offset=1),
+            tokenizer_pb2.DetokenizeStream(ids=window, read_offset=len(words)),
+        ],
+    )
+    emitted, held = tokenizer_stub.DetokenizeStep(request).deltas
+    assert (emitted.text, emitted.prefix_advance, emitted.read_advance) == (
+        reference.decode(words)[len(reference.decode(words[:1])) :],
+        1,
+        len(words),
+    )
+    assert (held.text, held.prefix_advance, held.read_advance) == ("", 0, len(words))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from muestra.v1 import tokenizer_pb2
 
-# How many already emitted ids the window keeps before the new ones, so that the decoder
-# sees enough context for spaces and merges.
-CONTEXT_IDS = 6
+# How many prompt ids start the window, so that the first generated token keeps its leading
+# space where a decoder strips it at the start of a text (vLLM's choice).
+CONTEXT_IDS = 5
 
 
 class DetokenizeState:
@@ -31,8 +31,10 @@ class DetokenizeState:
         )
 
     def apply(self, delta: tokenizer_pb2.DetokenizeDelta) -> str:
-        self.prefix_offset += delta.prefix_advance
-        self.read_offset += delta.read_advance
+        """Move the offsets as the service says (both relative to the start of the window sent)."""
+        window_start = self.prefix_offset
+        self.prefix_offset = window_start + delta.prefix_advance
+        self.read_offset = window_start + delta.read_advance
         # Ids before the prefix offset are never sent again.
         del self.ids[: self.prefix_offset]
         self.read_offset -= self.prefix_offset

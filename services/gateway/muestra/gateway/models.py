@@ -36,7 +36,9 @@ class TextModel:
     generation_config: dict = dataclasses.field(default_factory=dict)
     fingerprint: str = ""
     has_chat_template: bool = False
-    add_bos: bool = False
+    # Ids the tokenizer knows; a model's embedding table is often padded past it. Ids beyond it
+    # decode to no text (as transformers' tokenizers decode them).
+    tokenizer_vocab_size: int = 0
 
 
 @dataclasses.dataclass
@@ -112,6 +114,7 @@ class ModelRegistry:
                 generation_config=json.loads(lm_info.generation_config_json or "{}"),
                 fingerprint=lm_info.fingerprint,
                 has_chat_template=tok_info.has_chat_template,
+                tokenizer_vocab_size=tok_info.vocab_size,
             )
             for replica in replicas[1:]:
                 other = await _retry(

@@ -87,23 +87,31 @@ class ReplicaScheduler:
         detok_task: asyncio.Task | None = None
         while True:
             if not self.rows and not self.waiting:
-                self.wake.clear()
-                await self.wake.wait()
-            try:
                 if detok_task is not None:
                     await detok_task
                     detok_task = None
+                    continue
+                self.wake.clear()
+                await self.wake.wait()
+            try:
                 self._expire()
                 self.batch_id, self.rows = await self._reshape(self.batch_id, self.rows)
                 new_batches = await self._admit()
                 if not self.rows and not new_batches:
                     continue
-                stepped = await self._decode(new_batches)
+                # The lm works on step t+1 while the tokenizer turns step t into text.
+                reply = await self._decode(new_batches)
+                if detok_task is not None:
+                    await detok_task
+                    detok_task = None
+                stepped = await self._accept_step(reply)
                 detok_task = asyncio.get_running_loop().create_task(self._detokenize(stepped))
             except Exception as exc:  # the lm or tokenizer failed: end what is in flight, keep serving
                 log.exception("step failed on %s", self.replica.address)
+                if detok_task is not None:
+                    detok_task.cancel()
+                    detok_task = None
                 self._fail_running(exc)
-                detok_task = None
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -214,7 +222,7 @@ class ReplicaScheduler:
         await self._detokenize(rows)
         return await self._reshape(batch_id, rows)
 
-    async def _decode(self, new_batches: list[tuple[str, list[Row]]]) -> list[Row]:
+    async def _decode(self, new_batches: list[tuple[str, list[Row]]]) -> lm_pb2.DecodeResponse:
         batches = []
         if self.batch_id:
             batches.append(lm_pb2.DecodeBatch(batch_id=self.batch_id, next_ids=[r.pending_token for r in self.rows]))
@@ -224,6 +232,9 @@ class ReplicaScheduler:
         reply = await self.replica.stub.Decode(lm_pb2.DecodeRequest(batches=batches))
         self.batch_id = reply.batch_id
         self.steps += 1
+        return reply
+
+    async def _accept_step(self, reply: lm_pb2.DecodeResponse) -> list[Row]:
         output = reply.output
         await self._accept(
             self.rows, logits_matrix(output), [r.logits_row for r in output.rows], [r.argmax for r in output.rows]
@@ -250,6 +261,8 @@ class ReplicaScheduler:
 
     def _take(self, row: Sequence, result, k: int, now: float) -> None:
         request = row.request
+        if row.finished:  # a stop string matched while this step ran; the row leaves next step
+            return
         if result.errors[k] is not None:
             row.finish(gateway_pb2.ERROR)
             row.error = result.errors[k]
@@ -273,7 +286,8 @@ class ReplicaScheduler:
         elif token in request.stop_token_ids:
             row.finish(gateway_pb2.STOP, f"token:{token}")
         else:
-            row.detok.add([token])
+            if token < self.model.tokenizer_vocab_size:
+                row.detok.add([token])
             row.pending_token = token
         if not row.finished and (
             len(row.generated) >= request.max_tokens
@@ -287,7 +301,10 @@ class ReplicaScheduler:
         reply = await self.model.tokenizer.Decode(
             tokenizer_pb2.DecodeTokensRequest(
                 model=self.model.tokenizer_model,
-                sequences=[tokenizer_pb2.TokenIds(ids=h.token_ids) for h in hypotheses],
+                sequences=[
+                    tokenizer_pb2.TokenIds(ids=[i for i in h.token_ids if i < self.model.tokenizer_vocab_size])
+                    for h in hypotheses
+                ],
                 skip_special_tokens=True,
             )
         )
@@ -343,7 +360,8 @@ class ReplicaScheduler:
         entries = [entry for row in rows for entry in row.unsent_logprobs if not entry.token]
         if not entries:
             return
-        ids = sorted({e.token_id for e in entries} | {t.token_id for e in entries for t in e.top})
+        every = {e.token_id for e in entries} | {t.token_id for e in entries for t in e.top}
+        ids = sorted(i for i in every if i < self.model.tokenizer_vocab_size)
         reply = await self.model.tokenizer.Decode(
             tokenizer_pb2.DecodeTokensRequest(
                 model=self.model.tokenizer_model, sequences=[tokenizer_pb2.TokenIds(ids=[i]) for i in ids]
@@ -351,9 +369,9 @@ class ReplicaScheduler:
         )
         text = dict(zip(ids, reply.texts, strict=True))
         for entry in entries:
-            entry.token = text[entry.token_id]
+            entry.token = text.get(entry.token_id, "")
             for alternative in entry.top:
-                alternative.token = text[alternative.token_id]
+                alternative.token = text.get(alternative.token_id, "")
 
     def _fail_running(self, exc: Exception) -> None:
         message = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)

@@ -6,10 +6,12 @@ import io
 import struct
 
 import numpy as np
+import torch
 from PIL import Image
 
 from muestra.v1 import diffusion_pb2
 from tests.diffusion.client import generate, pixels, stub
+from tests.fixtures.diffusion_models import TORCH_THREADS, torch_threads
 
 PROMPT = "a photo of a cat sitting on a red chair"
 
@@ -118,8 +120,12 @@ def test_describe_reports_the_model_device_dtype_and_limits(diffusion_service, t
 
 
 def test_zero_fields_select_the_defaults(diffusion_service, reference_sd):
-    # steps 0 -> --default-steps (30 here), size 0 -> the model's 64x64, guidance absent -> 7.5, num_images 0 -> 1.
+    # Like a pipeline call without them: steps 0 -> 50, size 0 -> the model's 64x64, guidance absent -> 7.5,
+    # num_images 0 -> 1.
     [image] = generate(diffusion_service.address, prompt=PROMPT, seed=3).images
-    assert "Steps: 30," in image.parameters and "CFG scale: 7.5," in image.parameters
-    expected = reference_sd.image(prompt=PROMPT, width=64, height=64, steps=30, seed=3)
-    np.testing.assert_array_equal(pixels(image.png), expected)
+    assert "Steps: 50," in image.parameters and "CFG scale: 7.5," in image.parameters
+    with torch_threads(TORCH_THREADS):
+        expected = reference_sd.pipe(
+            prompt=PROMPT, generator=torch.Generator("cpu").manual_seed(3), output_type="np"
+        ).images[0]
+    np.testing.assert_array_equal(pixels(image.png), (expected * 255).round().astype(np.uint8))

@@ -20,9 +20,12 @@ class DiffusionConfig(ServiceConfig):
         default="auto", metadata={"help": "auto (float16 on cuda, float32 on cpu), float16, bfloat16 or float32"}
     )
     torch_threads: int = dataclasses.field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
-    default_steps: int = dataclasses.field(default=30, metadata={"help": "steps when a request gives 0"})
+    default_steps: int = dataclasses.field(
+        default=0, metadata={"help": "steps when a request gives 0 (0: the pipeline's own default, 50)"}
+    )
     default_guidance_scale: float = dataclasses.field(
-        default=7.5, metadata={"help": "guidance_scale when a request gives none"}
+        default=-1.0,
+        metadata={"help": "guidance_scale when a request gives none (negative: the pipeline's own, 7.5 SD, 5 SDXL)"},
     )
     min_size: int = dataclasses.field(default=64, metadata={"help": "smallest width or height in pixels"})
     max_width: int = dataclasses.field(default=2048, metadata={"help": "largest width in pixels"})

@@ -80,6 +80,9 @@ class DiffusionEngine:
         self.base_scheduler_config = dict(pipe.scheduler.config)
         default = pipe.unet.config.sample_size * pipe.vae_scale_factor
         self.default_width = self.default_height = int(default)
+        call = inspect.signature(type(pipe).__call__).parameters
+        self.default_steps = int(call["num_inference_steps"].default)
+        self.default_guidance_scale = float(call["guidance_scale"].default)
 
     @classmethod
     def load(cls, path: str | Path, name: str = "", device: str = "auto", dtype: str = "auto") -> DiffusionEngine:

@@ -36,8 +36,10 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             model=engine.name,
             width=engine.default_width,
             height=engine.default_height,
-            steps=min(config.default_steps, config.max_steps),
-            guidance_scale=config.default_guidance_scale,
+            steps=min(config.default_steps or engine.default_steps, config.max_steps),
+            guidance_scale=(
+                config.default_guidance_scale if config.default_guidance_scale >= 0 else engine.default_guidance_scale
+            ),
         )
         self.default_sampler = registry.model_default(engine.base_scheduler)
         self.worker = GenerationWorker(engine, config.max_queue, config.torch_threads)

@@ -1,0 +1,50 @@
+"""An SDXL folder (model_index.json says StableDiffusionXLPipeline) is served by the same service."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from muestra.v1 import diffusion_pb2
+from tests.diffusion.client import generate, pixels, stub
+from tests.fixtures.diffusion_models import TORCH_THREADS, build_random_sdxl, start_diffusion_service, torch_threads
+
+
+@pytest.fixture(scope="module")
+def sdxl_model(tmp_path_factory):
+    return build_random_sdxl(tmp_path_factory.mktemp("diffusion-models") / "tiny-sdxl")
+
+
+@pytest.fixture(scope="module")
+def sdxl_service(sdxl_model, tmp_path_factory):
+    service = start_diffusion_service(sdxl_model, tmp_path_factory.mktemp("logs"))
+    yield service
+    service.process.stop()
+
+
+def test_sdxl_pixels_equal_a_bare_sdxl_pipeline_call(sdxl_model, sdxl_service):
+    from diffusers import StableDiffusionXLPipeline
+
+    info = stub(sdxl_service.address).Describe(diffusion_pb2.DescribeDiffusionRequest())
+    assert (info.pipeline, info.default_width, info.default_height) == ("StableDiffusionXLPipeline", 64, 64)
+    # guidance_scale is left out on both sides: the service takes the pipeline's own default (5 for SDXL).
+
+    result = generate(
+        sdxl_service.address, prompt="a lighthouse at sunset", steps=3, seed=17, width=64, height=80, preview_every=1
+    )
+    [image] = result.images
+    assert all(p.preview_png for p in result.progress)
+
+    pipe = StableDiffusionXLPipeline.from_pretrained(sdxl_model, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    with torch_threads(TORCH_THREADS):
+        expected = pipe(
+            prompt="a lighthouse at sunset",
+            width=64,
+            height=80,
+            num_inference_steps=3,
+            generator=torch.Generator("cpu").manual_seed(17),
+            output_type="np",
+        ).images[0]
+    np.testing.assert_array_equal(pixels(image.png), (expected * 255).round().astype(np.uint8))

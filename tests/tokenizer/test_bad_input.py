@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from muestra.v1 import common_pb2, tokenizer_pb2
+from muestra.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tests.fixtures.tokenizers import (
     SAMPLE_TEXTS,
     TEST_MAX_BATCH_SIZE,
@@ -16,6 +16,7 @@ from tests.fixtures.tokenizers import (
     TEST_MAX_SEQUENCE_IDS,
     TEST_MAX_TEXT_BYTES,
 )
+from tests.harness import ServiceProcess
 
 pb = tokenizer_pb2
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -196,3 +197,28 @@ def test_bad_requests_do_not_disturb_requests_running_alongside(tokenizer_stub):
         bad_futures = [pool.submit(call_bad, i) for i in range(40)]
         assert all(f.result() == expected for f in good_futures)
         assert all(f.result() in (INVALID, grpc.StatusCode.FAILED_PRECONDITION) for f in bad_futures)
+
+
+@pytest.fixture(scope="module")
+def small_message_stub(tokenizer_folders, tmp_path_factory):
+    """A service whose gRPC messages may not exceed 200 kB."""
+    service = ServiceProcess(
+        "tokenizer",
+        ["--models", str(tokenizer_folders["bpe"]), "--max-message-bytes", "200000"],
+        tmp_path_factory.mktemp("small-messages"),
+    )
+    try:
+        with grpc.insecure_channel(service.address, options=[("grpc.max_receive_message_length", 1 << 24)]) as channel:
+            yield tokenizer_pb2_grpc.TokenizerStub(channel)
+    finally:
+        service.stop()
+
+
+def test_a_reply_over_the_message_limit_is_refused_before_sending(small_message_stub):
+    # 60 kB of text in, several times that out (ids, token strings and offsets).
+    request = pb.EncodeRequest(texts=["ab cd " * 10_000], return_offsets=True)
+    with pytest.raises(grpc.RpcError) as info:
+        small_message_stub.Encode(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "over the message limit of 200000" in info.value.details()
+    assert len(small_message_stub.Encode(pb.EncodeRequest(texts=["ab cd"])).encodings[0].ids) > 0

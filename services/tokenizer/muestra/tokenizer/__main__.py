@@ -49,7 +49,13 @@ def main(argv: list[str] | None = None) -> None:
             tokenizers.append(load_tokenizer(name, path))
         except Exception as exc:  # noqa: BLE001 - any load failure ends start-up with its message
             sys.exit(f"muestra-tokenizer: cannot load tokenizer {name!r} from {path}: {type(exc).__name__}: {exc}")
-    limits = Limits(config.max_text_bytes, config.max_batch_size, config.max_sequence_ids, config.max_messages)
+    limits = Limits(
+        config.max_text_bytes,
+        config.max_batch_size,
+        config.max_sequence_ids,
+        config.max_messages,
+        max_reply_bytes=config.max_message_bytes,
+    )
     run_service(service_spec(tokenizers, limits, config.workers), config)
 
 

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import grpc
 
-from muestra.runtime import FailedPrecondition, InvalidArgument, ServiceSpec
+from muestra.runtime import FailedPrecondition, InvalidArgument, ResourceExhausted, ServiceSpec
 from muestra.tokenizer.detokenize import Window, detokenize_step
 from muestra.tokenizer.loader import LoadedTokenizer
 from muestra.v1 import tokenizer_pb2, tokenizer_pb2_grpc
@@ -29,6 +29,8 @@ class Limits:
     max_batch_size: int
     max_sequence_ids: int
     max_messages: int
+    # The runtime's max_message_bytes: a reply over it could not be sent.
+    max_reply_bytes: int = 64 * 1024 * 1024
 
 
 def _check_count(field: str, count: int, limit: int) -> None:
@@ -48,6 +50,15 @@ def _check_ids(field: str, ids, vocab_size: int, max_ids: int) -> None:
     if ids and max(ids) >= vocab_size:
         index, bad = next((i, t) for i, t in enumerate(ids) if t >= vocab_size)
         raise InvalidArgument(f"{field}[{index}]", f"id {bad} is outside the vocabulary (vocab_size {vocab_size})")
+
+
+def _check_reply_size(reply, limit: int):
+    size = reply.ByteSize()
+    if size > limit:
+        raise ResourceExhausted(
+            f"the reply would be {size} bytes, over the message limit of {limit}; send fewer or shorter items per call"
+        )
+    return reply
 
 
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
@@ -99,7 +110,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 if e.offsets is not None:
                     item.offset_starts.extend([start for start, _ in e.offsets])
                     item.offset_ends.extend([end for _, end in e.offsets])
-            return reply
+            return _check_reply_size(reply, self.limits.max_reply_bytes)
 
         return await self._off_loop(work)
 
@@ -115,7 +126,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 _check_ids(f"sequences[{i}].ids", ids, t.backend.vocab_size, self.limits.max_sequence_ids)
                 id_lists.append(ids)
             texts = t.backend.decode_batch(id_lists, request.skip_special_tokens)
-            return tokenizer_pb2.DecodeTokensResponse(texts=texts)
+            return _check_reply_size(tokenizer_pb2.DecodeTokensResponse(texts=texts), self.limits.max_reply_bytes)
 
         return await self._off_loop(work)
 
@@ -144,7 +155,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             reply = tokenizer_pb2.ApplyChatTemplateResponse(text=text)
             if request.tokenize:
                 reply.ids.extend(t.backend.encode_batch([text], False, False)[0].ids)
-            return reply
+            return _check_reply_size(reply, self.limits.max_reply_bytes)
 
         return await self._off_loop(work)
 
@@ -167,7 +178,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             reply = tokenizer_pb2.DetokenizeStepResponse()
             for d in deltas:
                 reply.deltas.add(text=d.text, prefix_advance=d.prefix_advance, read_advance=d.read_advance)
-            return reply
+            return _check_reply_size(reply, self.limits.max_reply_bytes)
 
         return await self._off_loop(work)
 

@@ -41,8 +41,11 @@ class TokenizersBackend(TokenizerBackend):
         if not return_offsets:
             # The fast variant skips offset tracking, which is a good part of the work.
             encodings = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
-            table = self.tokens
-            return [EncodedText(ids := e.ids, [table[i] for i in ids]) for e in encodings]
+            out = []
+            for e in encodings:
+                ids = e.ids
+                out.append(EncodedText(ids, [self.tokens[i] for i in ids]))
+            return out
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [EncodedText(e.ids, e.tokens, e.offsets) for e in encodings]
 

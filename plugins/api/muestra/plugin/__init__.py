@@ -32,6 +32,7 @@ from muestra.plugin.samplers import (
     SearchStep,
     SearchStrategy,
     TokenSelector,
+    check_sampler,
     kind_of,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "SearchStep",
     "SearchStrategy",
     "TokenSelector",
+    "check_sampler",
     "column",
     "group_rows",
     "hookimpl",

@@ -5,16 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 from collections.abc import Mapping
 
 from muestra.gateway.samplers import BUILTIN_SAMPLER_MODULES
-from muestra.plugin import Sampler, kind_of
+from muestra.plugin import Sampler, check_sampler, kind_of
 from muestra.plugin.manager import call_register_hook, load_plugins
 from muestra.v1 import gateway_pb2
 
 log = logging.getLogger("muestra.samplers")
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +96,10 @@ class SamplerRegistry:
 
         def make_register(plugin: str):
             def register(sampler: Sampler) -> None:
-                problem = _registration_problem(sampler)
-                if problem:
-                    raise TypeError(f"plugin {plugin!r} registered an invalid sampler: {problem}")
+                try:
+                    check_sampler(sampler)
+                except (TypeError, ValueError) as exc:
+                    raise TypeError(f"plugin {plugin!r} registered an invalid sampler: {exc}") from None
                 if sampler.name in registered:
                     first = registered[sampler.name].plugin
                     log.warning(
@@ -149,17 +148,3 @@ class SamplerRegistry:
     def plugins(self) -> list[PluginSummary]:
         """Every plugin found, disabled ones included, with the samplers each registered."""
         return list(self._plugins)
-
-
-def _registration_problem(sampler: object) -> str:
-    if isinstance(sampler, type):
-        return f"{sampler.__name__} is a class; register an instance"
-    try:
-        kind_of(sampler)  # type: ignore[arg-type]
-    except TypeError as exc:
-        return str(exc)
-    if not _NAME.match(sampler.name or ""):
-        return f"name {sampler.name!r} must match {_NAME.pattern}"
-    if not sampler.description or "\n" in sampler.description:
-        return f"{sampler.name}: description must be one non-empty line"
-    return ""

@@ -7,6 +7,7 @@ import secrets
 import time
 
 import grpc
+from google.protobuf import struct_pb2
 
 from muestra.gateway.config import GatewayConfig
 from muestra.gateway.models import ModelRegistry, TextModel
@@ -16,6 +17,25 @@ from muestra.gateway.scheduler import ReplicaScheduler, grpc_error_to_muestra
 from muestra.runtime.errors import InvalidArgument, check_limit
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc, tokenizer_pb2
+
+
+def _value(value: struct_pb2.Value):
+    """A Struct value as Python (unlike json_format, it keeps NaN so validation can name it)."""
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return {key: _value(v) for key, v in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_value(v) for v in value.list_value.values]
+    if kind == "null_value":
+        return None
+    return getattr(value, kind) if kind else None
+
+
+def sampler_specs(request: gateway_pb2.GenerateRequest) -> list[dict]:
+    return [
+        {"name": spec.name, "params": {key: _value(v) for key, v in spec.params.fields.items()}}
+        for spec in request.samplers
+    ]
 
 
 def _utf8_len(text: str) -> int:
@@ -92,7 +112,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         model = self.registry.text_model(request.model)
         self._validate(request)
         model_info = ModelInfo(model.vocab_size, model.eos_token_ids, model.context_length)
-        chain = prepare_chain(self.samplers, list(request.samplers), model.generation_config, model_info)
+        chain = prepare_chain(self.samplers, sampler_specs(request), model.generation_config, model_info)
         n = request.n or 1
         rows = n
         if chain.is_search:

@@ -39,7 +39,7 @@ class ServiceSpec:
 async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT, then let in-flight requests finish within the grace period."""
     server = grpc.aio.server(
-        interceptors=[ErrorMappingInterceptor()], options=channel_options(config.max_message_bytes)
+        interceptors=[ErrorMappingInterceptor(), *spec.interceptors], options=channel_options(config.max_message_bytes)
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from muestra.cli import tokenize, up
+from muestra.cli import export_lm, generate, image, plugins, tokenize, up
 
 # Each module adds its subparser and sets `run`.
-COMMANDS = [up, tokenize]
+COMMANDS = [up, generate, image, tokenize, plugins, export_lm]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,102 @@
+"""`muestra up` starts the stack on loopback, the CLI talks to it, and Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MUESTRA = [sys.executable, "-m", "muestra.cli"]
+
+
+def start_up(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, dict[str, tuple[str, int]], list[str]]:
+    """Run `muestra up` until it reports healthy; return it, {service: (address, pid)} and its output."""
+    proc = subprocess.Popen(
+        [*MUESTRA, "up", "--base-port", "0", "--log-dir", str(tmp_path / "logs"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
+    services, lines = {}, []
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        match = re.search(r"(\w+)\s+serving on (\S+) \(pid (\d+)\)", line)
+        if match:
+            services[match.group(1)] = (match.group(2), int(match.group(3)))
+        if "all services healthy" in line or "last log lines" in line or time.monotonic() > deadline:
+            break
+    return proc, services, lines
+
+
+def finish(proc: subprocess.Popen) -> str:
+    """The rest of the output (read from the same buffered stream) once the process has exited."""
+    rest = proc.stdout.read()
+    proc.wait(timeout=60)
+    return rest
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of an exited parent is reaped by init; treat "Z" as gone.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_up_serves_the_default_models_and_stops_cleanly_on_ctrl_c(tmp_path):
+    proc, services, lines = start_up(tmp_path)
+    try:
+        assert {"tokenizer", "lm", "gateway"} <= set(services), "\n".join(lines)
+        tokenizer_addr = services["tokenizer"][0]
+        out = subprocess.run(
+            [*MUESTRA, "tokenize", "El cielo es azul", "--tokenizer", tokenizer_addr, "--json"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        assert '"ids"' in out and '"tokens"' in out
+        gen = subprocess.run(
+            [*MUESTRA, "generate", "El cielo es", "--max-tokens", "12", "--temperature", "0.7", "--top-p", "0.9",
+             "--seed", "1", "--json", "--gateway", services["gateway"][0]],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+        assert '"completion_tokens": 12' in gen
+        if shutil.which("redis-server"):
+            assert any("redis-server on" in line for line in lines)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest = finish(proc)
+    assert proc.returncode == 0, rest
+    assert "stopped" in rest
+    for name, (_, pid) in services.items():
+        assert not alive(pid), f"{name} (pid {pid}) outlived muestra up"
+
+
+def test_up_fails_fast_showing_the_dead_services_log(tmp_path):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(REPO / "models" / "muestra-text", broken)
+    (broken / "model.onnx").write_bytes(b"this is not an onnx file")
+    proc, services, lines = start_up(tmp_path, "--text-model", str(broken), "--only", "tokenizer,lm")
+    rest = finish(proc)
+    output = "\n".join(lines) + rest
+    assert proc.returncode == 1
+    assert "lm exited; its last log lines" in output
+    assert "model.onnx" in output  # the lm service's own error, shown to the user
+    for name, (_, pid) in services.items():
+        assert not alive(pid), f"{name} (pid {pid}) outlived muestra up"
+
+
+@pytest.mark.parametrize("command", [["plugins"], ["--help"]])
+def test_cli_commands_run(command):
+    result = subprocess.run([*MUESTRA, *command], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 from google.protobuf import struct_pb2
@@ -36,6 +38,28 @@ def sampler_specs(request: gateway_pb2.GenerateRequest) -> list[dict]:
         {"name": spec.name, "params": {key: _value(v) for key, v in spec.params.fields.items()}}
         for spec in request.samplers
     ]
+
+
+async def stream_generation(
+    generation: GenerationRequest, scheduler: ReplicaScheduler
+) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    """Submit `generation` and yield its messages; closing the iterator early cancels it (gRPC and HTTP)."""
+    scheduler.submit(generation)
+    finished = False
+    try:
+        while True:
+            item = await generation.out.get()
+            if item is None:
+                finished = True
+                return
+            if isinstance(item, BaseException):
+                finished = True
+                raise item
+            yield item
+    finally:
+        if not finished:
+            generation.cancelled = True
+            scheduler.poke()
 
 
 def _utf8_len(text: str) -> int:
@@ -164,22 +188,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def Generate(self, request, context):
         generation, scheduler = await self.prepare(request, context)
-        scheduler.submit(generation)
-        finished = False
-        try:
-            while True:
-                item = await generation.out.get()
-                if item is None:
-                    finished = True
-                    return
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-        finally:
-            if not finished:
-                generation.cancelled = True
-                scheduler.poke()
+        async with contextlib.aclosing(stream_generation(generation, scheduler)) as messages:
+            async for message in messages:
+                yield message
 
     # -- images -------------------------------------------------------------------------------
 

@@ -150,3 +150,24 @@ def test_presence_and_frequency_penalties_follow_openais_formula(sampler_registr
         sampler_registry, "frequency_penalty", logits[:1], [{"frequency_penalty": 2.0}], [prompt_only]
     )
     np.testing.assert_array_equal(untouched, logits[:1])
+
+
+def test_chained_warpers_equal_transformers_chain_row_by_row(sampler_registry):
+    """temperature -> top_k -> top_p -> min_p, as transformers' do_sample chain, with per-row values."""
+    logits = random_logits(11, rows=6, vocab=50_000)
+    temperatures, ks = [0.7, 1.0, 1.3, 0.5, 2.0, 0.9], [50, 5, 1000, 20_000, 50, 1]
+    top_ps, min_ps = [0.9, 0.5, 0.95, 0.99, 0.3, 0.8], [0.0, 0.05, 0.01, 0.001, 0.2, 0.0]
+    ours = run_processor(sampler_registry, "temperature", logits, [{"temperature": t} for t in temperatures])
+    ours = run_processor(sampler_registry, "top_k", ours, [{"top_k": k} for k in ks])
+    ours = run_processor(sampler_registry, "top_p", ours, [{"top_p": p} for p in top_ps])
+    ours = run_processor(sampler_registry, "min_p", ours, [{"min_p": p} for p in min_ps])
+    for row in range(6):
+        chain = hf.LogitsProcessorList(
+            [
+                hf.TemperatureLogitsWarper(temperatures[row]),
+                hf.TopKLogitsWarper(ks[row]),
+                hf.TopPLogitsWarper(top_ps[row]),
+                hf.MinPLogitsWarper(min_ps[row]),
+            ]
+        )
+        assert_same_scores(ours[row], hf_row(chain, logits[row]))

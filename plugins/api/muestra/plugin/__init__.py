@@ -20,7 +20,15 @@ docs/plugins.md is the tutorial.
 """
 
 from muestra.plugin.hookspecs import hookimpl, hookspec
-from muestra.plugin.numeric import column, group_rows, kth_largest, log_softmax, mass_prefix_mask, softmax
+from muestra.plugin.numeric import (
+    column,
+    group_rows,
+    kth_largest,
+    log_softmax,
+    mass_prefix_mask,
+    nucleus_threshold,
+    softmax,
+)
 from muestra.plugin.params import REQUIRED, Bool, Float, Int, Param, SamplerParamError
 from muestra.plugin.samplers import (
     Hypothesis,
@@ -66,5 +74,6 @@ __all__ = [
     "kth_largest",
     "log_softmax",
     "mass_prefix_mask",
+    "nucleus_threshold",
     "softmax",
 ]

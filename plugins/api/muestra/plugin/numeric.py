@@ -39,14 +39,70 @@ def kth_largest(logits: np.ndarray, k: int) -> np.ndarray:
     return np.partition(logits, vocab - k, axis=-1)[:, vocab - k : vocab - k + 1]
 
 
-def mass_prefix_mask(keys: np.ndarray, probs: np.ndarray, mass: np.ndarray, first_candidates: int = 64) -> np.ndarray:
+def nucleus_threshold(logits: np.ndarray, mass, first_candidates: int = 256) -> np.ndarray:
+    """Each row's lowest score inside its top-p nucleus, [rows, 1]: keep `logits >= threshold`.
+
+    The nucleus is the most likely tokens, best first, up to and including the first one at
+    which their probability mass reaches `mass` (a token is in it when the mass of the tokens
+    before it is below `mass`). Only the `first_candidates` best scores are partitioned out
+    (np.partition, values only) and sorted; a row whose candidates hold too little mass is
+    retried with enough candidates for the mass still missing, and with the whole row once
+    that is over a quarter of the vocabulary.
+    """
+    rows, vocab = logits.shape
+    mass = np.broadcast_to(np.asarray(mass, dtype=np.float64).reshape(-1, 1), (rows, 1))
+    top = np.max(logits, axis=-1, keepdims=True)
+    normaliser = np.sum(np.exp(logits - top), axis=-1, keepdims=True, dtype=np.float64)
+    threshold = np.empty((rows, 1), dtype=logits.dtype)
+    todo = np.arange(rows)
+    width = min(vocab, max(1, first_candidates))
+    while todo.size:
+        part = logits if todo.size == rows else logits[todo]
+        if width < vocab:
+            part = _best_scores(part, width)
+        best_first = np.ascontiguousarray(np.sort(part, axis=-1)[:, ::-1])
+        p = np.exp(best_first - top[todo], dtype=np.float64)
+        p /= normaliser[todo]
+        before = np.cumsum(p, axis=-1)
+        total = before[:, -1].copy()
+        before -= p  # the mass of the tokens before each one
+        inside = np.sum(before < mass[todo], axis=-1)  # >= 1: nothing comes before the first
+        settled = (total >= mass[todo, 0]) | (width >= vocab)
+        threshold[todo[settled], 0] = best_first[settled, inside[settled] - 1]
+        # Every token left out is at most as likely as the last candidate: at least this many more are needed.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            missing = (mass[todo, 0] - total)[~settled] / p[~settled, -1]
+        todo = todo[~settled]
+        if todo.size:
+            width = max(8 * width, width + int(np.ceil(np.nan_to_num(missing.max(), posinf=vocab))))
+            width = vocab if width > vocab // 4 else width
+    return threshold
+
+
+def _best_scores(logits: np.ndarray, width: int) -> np.ndarray:
+    """The `width` highest scores of each row, unordered (padded with -inf)."""
+    finite = logits > -np.inf
+    counts = np.count_nonzero(finite, axis=-1)
+    if counts.max() > width:
+        return np.partition(logits, logits.shape[-1] - width, axis=-1)[:, -width:]
+    # An earlier filter (top_k) left few finite scores: np.partition is slow on the many equal
+    # -inf, so gather the finite ones instead.
+    rows, columns = np.nonzero(finite)
+    starts = np.cumsum(counts) - counts
+    best = np.full((logits.shape[0], width), -np.inf, dtype=logits.dtype)
+    best[rows, np.arange(rows.size) - starts[rows]] = logits[rows, columns]
+    return best
+
+
+def mass_prefix_mask(keys: np.ndarray, probs: np.ndarray, mass: np.ndarray, first_candidates: int = 256) -> np.ndarray:
     """Per row, which tokens belong to the shortest prefix, in ascending `keys` order, whose
     probability mass reaches `mass` (a token is in it when the mass strictly before it is
-    below `mass`; the first token always is). Top-p uses keys = -logits.
+    below `mass`; the first token always is). Typical-p uses it with keys = |surprise - entropy|.
 
-    It never sorts a whole row unless it must: it takes the `first_candidates` smallest keys
-    with np.argpartition, sorts only those, and widens (x8) just for rows whose candidates
-    hold too little mass.
+    It takes the `first_candidates` smallest keys with np.argpartition and sorts only those;
+    rows whose candidates hold too little mass are retried with 8 times as many, and with
+    the whole row once that is over a quarter of the vocabulary. (For top-p, where the
+    order is the scores' own, nucleus_threshold is cheaper: it needs no indices.)
     """
     rows, vocab = keys.shape
     mass = np.broadcast_to(np.asarray(mass, dtype=np.float64).reshape(-1, 1), (rows, 1))
@@ -54,17 +110,16 @@ def mass_prefix_mask(keys: np.ndarray, probs: np.ndarray, mass: np.ndarray, firs
     todo = np.arange(rows)
     width = min(vocab, max(1, first_candidates))
     while todo.size:
-        row_keys = keys[todo]
+        row_keys = keys if todo.size == rows else keys[todo]
         if width < vocab:
             candidates = np.argpartition(row_keys, width - 1, axis=-1)[:, :width]
+            by_key = np.argsort(np.take_along_axis(row_keys, candidates, axis=-1), axis=-1, kind="stable")
+            order = np.take_along_axis(candidates, by_key, axis=-1)
         else:
-            candidates = np.broadcast_to(np.arange(vocab), (todo.size, vocab))
-        by_key = np.argsort(np.take_along_axis(row_keys, candidates, axis=-1), axis=-1, kind="stable")
-        order = np.take_along_axis(candidates, by_key, axis=-1)
-        p = np.take_along_axis(probs[todo], order, axis=-1).astype(np.float64)
+            order = np.argsort(row_keys, axis=-1, kind="stable")
+        p = np.take_along_axis(probs if todo.size == rows else probs[todo], order, axis=-1).astype(np.float64)
         cumulative = np.cumsum(p, axis=-1)
-        before = cumulative - p
-        inside = before < mass[todo]
+        inside = cumulative - p < mass[todo]
         inside[:, 0] = True
         # Tokens outside the candidates have at least cumulative[-1] mass before them.
         settled = (cumulative[:, -1:] >= mass[todo])[:, 0] | (width >= vocab)
@@ -73,5 +128,6 @@ def mass_prefix_mask(keys: np.ndarray, probs: np.ndarray, mass: np.ndarray, firs
         np.put_along_axis(sub, order[settled], inside[settled], axis=-1)
         keep[done_rows] = sub
         todo = todo[~settled]
-        width = min(vocab, width * 8)
+        width = 8 * width
+        width = vocab if width > vocab // 4 else width
     return keep

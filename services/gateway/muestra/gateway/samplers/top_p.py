@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from muestra.plugin import Float, LogitsProcessor, column, hookimpl, mass_prefix_mask, softmax
+from muestra.plugin import Float, LogitsProcessor, column, hookimpl, nucleus_threshold
 
 
 class TopP(LogitsProcessor):
@@ -16,11 +16,11 @@ class TopP(LogitsProcessor):
         active = top_p[:, 0] < 1.0
         if not active.any():
             return logits
-        part = logits[active]
-        # Candidates by argpartition, not a full-vocabulary sort (see mass_prefix_mask).
-        keep = mass_prefix_mask(-part, softmax(part), top_p[active])
-        part[~keep] = -np.inf
-        logits[active] = part
+        part = logits if active.all() else logits[active]
+        # Candidates by np.partition, not a full-vocabulary sort (see nucleus_threshold).
+        part[part < nucleus_threshold(part, top_p[active])] = -np.inf
+        if not active.all():
+            logits[active] = part
         return logits
 
 

@@ -17,10 +17,13 @@ REPO = Path(__file__).resolve().parents[2]
 MUESTRA = [sys.executable, "-m", "muestra.cli"]
 
 
-def start_up(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, dict[str, tuple[str, int]], list[str]]:
+def start_up(
+    tmp_path: Path, *args: str, env: dict | None = None
+) -> tuple[subprocess.Popen, dict[str, tuple[str, int]], list[str]]:
     """Run `muestra up` until it reports healthy; return it, {service: (address, pid)} and its output."""
     proc = subprocess.Popen(
         [*MUESTRA, "up", "--base-port", "0", "--log-dir", str(tmp_path / "logs"), *args],
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -100,3 +103,18 @@ def test_up_fails_fast_showing_the_dead_services_log(tmp_path):
 def test_cli_commands_run(command):
     result = subprocess.run([*MUESTRA, *command], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_services_stop_by_themselves_when_muestra_up_is_killed(tmp_path):
+    # No redis-server here: unlike the services, it cannot notice that its parent died.
+    proc, services, lines = start_up(
+        tmp_path, "--only", "tokenizer", env={"MUESTRA_REDIS_URL": "redis://127.0.0.1:9/0"}
+    )
+    assert "tokenizer" in services, "\n".join(lines)
+    proc.kill()
+    proc.wait(timeout=10)
+    pid = services["tokenizer"][1]
+    deadline = time.monotonic() + 20
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(pid)

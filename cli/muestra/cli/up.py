@@ -24,6 +24,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from muestra.cli.endpoints import DEFAULT_BASE_PORT, SERVICE_PORT_OFFSETS
 
+# Services stop by themselves when this process goes away (see muestra.runtime.server). No
+# preexec_fn/PR_SET_PDEATHSIG: forking a process that runs gRPC threads can deadlock.
+PARENT_ENV = "MUESTRA_EXIT_WITH_PARENT"
+
 START_ORDER = ("tokenizer", "lm", "diffusion", "gateway")
 DEFAULT_TEXT_MODEL = "muestra-text"
 DEFAULT_IMAGE_MODEL = "muestra-image"
@@ -84,21 +88,11 @@ class Child:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if `muestra up` itself dies (Linux), so nothing is orphaned."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _spawn(command: list[str], log_path: Path, env: dict) -> subprocess.Popen:
     with open(log_path, "wb") as log_file:
         return subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**env, PARENT_ENV: str(os.getpid())}, start_new_session=True,
         )  # fmt: skip
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 
@@ -65,6 +66,7 @@ async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event
             loop.add_signal_handler(sig, stopping.set)
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
+    watcher = asyncio.ensure_future(_exit_with_parent(stopping))
     waiter = asyncio.ensure_future(server.wait_for_termination())
     stopper = asyncio.ensure_future(stopping.wait())
     await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
@@ -72,9 +74,21 @@ async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_period_s)
     stopper.cancel()
+    watcher.cancel()
     if spec.close is not None:
         await spec.close()
     log.info("%s stopped", spec.name)
+
+
+async def _exit_with_parent(stopping: asyncio.Event) -> None:
+    """With MUESTRA_EXIT_WITH_PARENT=<pid> (set by `muestra up`), stop when that process is gone."""
+    parent = os.environ.get("MUESTRA_EXIT_WITH_PARENT")
+    if not parent:
+        return
+    while os.getppid() == int(parent):
+        await asyncio.sleep(1.0)
+    log.warning("parent process %s is gone; stopping", parent)
+    stopping.set()
 
 
 def run_service(spec: ServiceSpec, config: ServiceConfig) -> None:

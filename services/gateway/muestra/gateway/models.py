@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import json
 import logging
+import socket
 from pathlib import Path
 
 import grpc
@@ -17,10 +19,30 @@ from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc, lm_pb2, lm_pb2_grpc, t
 log = logging.getLogger("muestra.gateway.models")
 
 
+def expand_target(target: str) -> list[str]:
+    """host:port → one address per IP the name resolves to (an IP, or an unresolvable name, as is)."""
+    host, _, port = target.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        return [target]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return [target]
+    addresses = sorted({info[4][0] for info in infos})
+    if len(addresses) <= 1:
+        return [target]
+    return [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addresses]
+
+
 @dataclasses.dataclass
 class LmReplica:
     address: str
     stub: lm_pb2_grpc.LanguageModelStub
+    channel: grpc.aio.Channel
 
 
 @dataclasses.dataclass
@@ -29,6 +51,8 @@ class TextModel:
     tokenizer: tokenizer_pb2_grpc.TokenizerStub
     tokenizer_model: str
     replicas: list[LmReplica]
+    # The lm targets as configured (names that may resolve to several replicas).
+    targets: tuple[str, ...] = ()
     # From the lm and tokenizer services' Describe.
     vocab_size: int = 0
     context_length: int = 0
@@ -90,9 +114,11 @@ class ModelRegistry:
         text_spec, image_spec = _endpoints_from_config(config)
         for name, spec in text_spec.items():
             tokenizer = tokenizer_pb2_grpc.TokenizerStub(self._channel(spec["tokenizer"], config.max_message_bytes))
+            addresses = [address for target in spec["lm"] for address in expand_target(target)]
+            channels = [self._channel(addr, config.max_message_bytes) for addr in addresses]
             replicas = [
-                LmReplica(addr, lm_pb2_grpc.LanguageModelStub(self._channel(addr, config.max_message_bytes)))
-                for addr in spec["lm"]
+                LmReplica(addr, lm_pb2_grpc.LanguageModelStub(channel), channel)
+                for addr, channel in zip(addresses, channels, strict=True)
             ]
             lm_info = await _retry(
                 f"lm {spec['lm'][0]}", lambda r=replicas[0]: r.stub.Describe(lm_pb2.DescribeModelRequest()), deadline
@@ -115,6 +141,7 @@ class ModelRegistry:
                 fingerprint=lm_info.fingerprint,
                 has_chat_template=tok_info.has_chat_template,
                 tokenizer_vocab_size=tok_info.vocab_size,
+                targets=tuple(spec["lm"]),
             )
             for replica in replicas[1:]:
                 other = await _retry(
@@ -164,3 +191,6 @@ class ModelRegistry:
     async def close(self) -> None:
         for channel in self._channels:
             await channel.close()
+        for model in self.text.values():
+            for replica in model.replicas:
+                await replica.channel.close()

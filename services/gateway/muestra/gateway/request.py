@@ -38,8 +38,15 @@ class GenerationRequest:
     open_sequences: int = 0
     # lm rows this request occupies (n, or the number of beams).
     rows: int = 1
+    emitted: int = 0
+
+    @property
+    def started(self) -> bool:
+        """Whether anything was streamed to the client (after which it cannot move replicas)."""
+        return self.emitted > 0
 
     def emit(self, message: gateway_pb2.GenerateResponse) -> None:
+        self.emitted += 1
         self.out.put_nowait(message)
 
     def fail(self, exc: BaseException) -> None:

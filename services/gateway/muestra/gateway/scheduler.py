@@ -62,6 +62,9 @@ class ReplicaScheduler:
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.steps = 0
+        # Set by the Router: whether requests may be sent here, and where to send them if not.
+        self.healthy = True
+        self.router = None
 
     # -- called by the Generate handlers ------------------------------------------------------
 
@@ -174,6 +177,11 @@ class ReplicaScheduler:
             try:
                 batch_id, rows = await self._prefill(request)
             except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and self.router is not None and not request.started:
+                    # The replica is gone and nothing was streamed yet: another replica takes it.
+                    log.warning("lm %s unavailable; rerouting %s", self.replica.address, request.request_id)
+                    self.router.reroute(request, self)
+                    continue
                 request.fail(grpc_error_to_muestra(exc))
                 continue
             if rows:

@@ -14,8 +14,9 @@ from google.protobuf import struct_pb2
 from muestra.gateway.config import GatewayConfig
 from muestra.gateway.models import ModelRegistry, TextModel
 from muestra.gateway.request import GenerationRequest
+from muestra.gateway.routing import Router
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
-from muestra.gateway.scheduler import ReplicaScheduler, grpc_error_to_muestra
+from muestra.gateway.scheduler import grpc_error_to_muestra
 from muestra.runtime.errors import InvalidArgument, check_limit
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc, tokenizer_pb2
@@ -41,7 +42,7 @@ def sampler_specs(request: gateway_pb2.GenerateRequest) -> list[dict]:
 
 
 async def stream_generation(
-    generation: GenerationRequest, scheduler: ReplicaScheduler
+    generation: GenerationRequest, scheduler: Router
 ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
     """Submit `generation` and yield its messages; closing the iterator early cancels it (gRPC and HTTP)."""
     scheduler.submit(generation)
@@ -71,12 +72,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.config = config
         self.registry = registry
         self.samplers = samplers
-        self.schedulers: dict[str, list[ReplicaScheduler]] = {
-            model.name: [
-                ReplicaScheduler(model, replica, config.max_batch_rows, config.max_queue) for replica in model.replicas
-            ]
-            for model in registry.text.values()
-        }
+        self.routers: dict[str, Router] = {model.name: Router(model, config) for model in registry.text.values()}
 
     # -- text ---------------------------------------------------------------------------------
 
@@ -126,12 +122,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         except grpc.aio.AioRpcError as exc:
             raise grpc_error_to_muestra(exc) from exc
 
-    def _pick_scheduler(self, model: TextModel) -> ReplicaScheduler:
-        return min(self.schedulers[model.name], key=lambda s: s.load())
-
-    async def prepare(
-        self, request: gateway_pb2.GenerateRequest, context
-    ) -> tuple[GenerationRequest, ReplicaScheduler]:
+    async def prepare(self, request: gateway_pb2.GenerateRequest, context) -> tuple[GenerationRequest, Router]:
         """Validate, tokenize and build the scheduler's request (shared with the HTTP API)."""
         model = self.registry.text_model(request.model)
         self._validate(request)
@@ -184,7 +175,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             include_stop_str_in_output=request.include_stop_str_in_output,
             deadline=deadline,
         )
-        return generation, self._pick_scheduler(model)
+        return generation, self.routers[model.name]
 
     async def Generate(self, request, context):
         generation, scheduler = await self.prepare(request, context)
@@ -218,7 +209,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 kind="text",
                 context_length=m.context_length,
                 vocab_size=m.vocab_size,
-                replicas=len(m.replicas),
+                replicas=len(self.routers[m.name].healthy()),
             )
             for m in self.registry.text.values()
         ]

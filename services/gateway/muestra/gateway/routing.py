@@ -1,0 +1,152 @@
+"""Spreading requests over a text model's lm replicas.
+
+Requests whose prompts start alike go to the same replica while it is healthy (its prefix cache
+and batch favour them); a new prefix goes to the least-loaded healthy replica. A health loop
+takes failing replicas out and puts them back when they recover, and re-resolves DNS names so
+that `--scale lm=N` or a headless Service adds replicas without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from muestra.gateway.models import LmReplica, TextModel, expand_target
+from muestra.gateway.request import GenerationRequest
+from muestra.gateway.scheduler import ReplicaScheduler
+from muestra.runtime.channels import service_channel
+from muestra.runtime.errors import Unavailable
+from muestra.v1 import lm_pb2, lm_pb2_grpc
+
+log = logging.getLogger("muestra.gateway.routing")
+AFFINITY_ENTRIES = 65536
+
+
+def prefix_key(prompt_ids: list[int], tokens: int) -> bytes:
+    head = prompt_ids[:tokens]
+    return hashlib.blake2b(b"".join(i.to_bytes(4, "little") for i in head), digest_size=16).digest()
+
+
+class Router:
+    """The replicas of one text model, with their schedulers, health and prefix affinity."""
+
+    def __init__(self, model: TextModel, config) -> None:
+        self.model = model
+        self.config = config
+        self.schedulers: dict[str, ReplicaScheduler] = {}
+        self.affinity: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self.targets = list(config_targets(model))
+        for replica in model.replicas:
+            self._add(replica)
+        self.task: asyncio.Task | None = None
+
+    def _add(self, replica: LmReplica) -> ReplicaScheduler:
+        scheduler = ReplicaScheduler(self.model, replica, self.config.max_batch_rows, self.config.max_queue)
+        scheduler.router = self
+        self.schedulers[replica.address] = scheduler
+        return scheduler
+
+    def healthy(self) -> list[ReplicaScheduler]:
+        return [s for s in self.schedulers.values() if s.healthy]
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def submit(self, generation: GenerationRequest, exclude: ReplicaScheduler | None = None) -> None:
+        self.start()
+        candidates = [s for s in self.healthy() if s is not exclude]
+        if not candidates:
+            raise Unavailable(f"no healthy lm replica for model {self.model.name}")
+        key = prefix_key(generation.prompt_ids, self.config.affinity_tokens)
+        chosen = self.schedulers.get(self.affinity.get(key, ""))
+        if chosen not in candidates:
+            chosen = min(candidates, key=lambda s: s.load())
+        self.affinity[key] = chosen.replica.address
+        self.affinity.move_to_end(key)
+        while len(self.affinity) > AFFINITY_ENTRIES:
+            self.affinity.popitem(last=False)
+        chosen.submit(generation)
+
+    def reroute(self, generation: GenerationRequest, failed: ReplicaScheduler) -> None:
+        """`failed` could not start this request (its replica is down): send it elsewhere."""
+        self.mark_unhealthy(failed)
+        try:
+            self.submit(generation, exclude=failed)
+        except Unavailable as exc:
+            generation.fail(exc)
+
+    def mark_unhealthy(self, scheduler: ReplicaScheduler) -> None:
+        if scheduler.healthy:
+            log.warning("lm replica %s taken out of rotation", scheduler.replica.address)
+        scheduler.healthy = False
+        while scheduler.waiting:
+            request = scheduler.waiting.popleft()
+            if request.cancelled:
+                request.out.put_nowait(None)
+                continue
+            try:
+                self.submit(request, exclude=scheduler)
+            except Unavailable as exc:
+                request.fail(exc)
+
+    def poke(self) -> None:
+        for scheduler in self.schedulers.values():
+            scheduler.poke()
+
+    # -- health and discovery -----------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._watch(), name=f"router {self.model.name}")
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            try:
+                await self._discover()
+                await asyncio.gather(*(self._check(s) for s in list(self.schedulers.values())))
+            except Exception:  # the watch loop must survive anything a check throws
+                log.exception("replica watch failed")
+
+    async def _check(self, scheduler: ReplicaScheduler) -> None:
+        stub = health_pb2_grpc.HealthStub(scheduler.replica.channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=self.config.health_timeout_s)
+            ok = reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.aio.AioRpcError:
+            ok = False
+        if ok and not scheduler.healthy:
+            log.info("lm replica %s is healthy again", scheduler.replica.address)
+            scheduler.healthy = True
+        elif not ok and scheduler.healthy:
+            self.mark_unhealthy(scheduler)
+
+    async def _discover(self) -> None:
+        """Add replicas that a DNS name now resolves to (after checking they serve the same model)."""
+        for target in self.targets:
+            for address in expand_target(target):
+                if address in self.schedulers:
+                    continue
+                channel = service_channel(address, self.config.max_message_bytes)
+                stub = lm_pb2_grpc.LanguageModelStub(channel)
+                try:
+                    info = await stub.Describe(lm_pb2.DescribeModelRequest(), timeout=self.config.health_timeout_s)
+                except grpc.aio.AioRpcError:
+                    await channel.close()
+                    continue
+                if info.fingerprint != self.model.fingerprint:
+                    log.error("lm at %s serves another model (%s); ignored", address, info.model)
+                    await channel.close()
+                    continue
+                replica = LmReplica(address, stub, channel)
+                self.model.replicas.append(replica)
+                self._add(replica)
+                log.info("lm replica %s added to %s", address, self.model.name)
+
+
+def config_targets(model: TextModel) -> list[str]:
+    return list(model.targets) or [r.address for r in model.replicas]

@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.fixtures.lm_service",
     "tests.fixtures.samplers",
     "tests.fixtures.text_stack",
+    "tests.fixtures.openai_stack",
 ]
 
 

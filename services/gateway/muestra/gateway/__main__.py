@@ -1,4 +1,5 @@
-"""`python -m muestra.gateway`: the public gRPC API in front of the tokenizer, lm and diffusion services."""
+"""`python -m muestra.gateway`: the public gRPC API (and the OpenAI-compatible HTTP API) in front of the
+tokenizer, lm and diffusion services."""
 
 from __future__ import annotations
 
@@ -20,17 +21,30 @@ def main(argv: list[str] | None = None) -> None:
     registry = ModelRegistry()
     keys = [key.strip() for key in config.api_keys.split(",") if key.strip()]
 
+    http_servers = []
+
     async def register(server) -> list[str]:
         samplers = SamplerRegistry.load()
         log.info("samplers: %s", ", ".join(samplers.names()))
         await registry.connect(config)
-        gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(config, registry, samplers), server)
+        servicer = GatewayServicer(config, registry, samplers)
+        gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
         if keys:
             log.info("API keys required (%d configured)", len(keys))
+        if config.http_port >= 0:
+            # Imported here: with the HTTP API off, the gateway does not load FastAPI at all.
+            from muestra.gateway.openai import start_http_api
+
+            http_servers.append(await start_http_api(servicer, config, keys))
         return [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name]
 
+    async def close() -> None:
+        for http_server in http_servers:
+            await http_server.stop()
+        await registry.close()
+
     run_service(
-        ServiceSpec(name="gateway", register=register, close=registry.close, interceptors=[ApiKeyInterceptor(keys)]),
+        ServiceSpec(name="gateway", register=register, close=close, interceptors=[ApiKeyInterceptor(keys)]),
         config,
     )
 

@@ -34,3 +34,6 @@ class GatewayConfig(ServiceConfig):
     health_interval_s: float = _f(2.0, "seconds between health checks (and DNS lookups) of lm replicas")
     health_timeout_s: float = _f(1.0, "a replica whose health check takes longer is taken out")
     redis_url: str = _f("", "Redis URL for the prompt-prefix KV cache (empty: in-process cache)")
+    http_port: int = _f(8000, "OpenAI-compatible HTTP API port (0: pick a free one, -1: off)")
+    http_host: str = _f("", "address the HTTP API binds (empty: the same as --host)")
+    http_max_body_bytes: int = _f(8 * 1024 * 1024, "largest HTTP request body, in bytes (413 beyond it)")

@@ -1,0 +1,191 @@
+"""OpenAI request bodies as the gateway's own requests (GenerateRequest, ImageRequest).
+
+Each converter also returns `renames`: gateway field name -> the body parameter it came from, so that an
+error the gateway raises (say on `samplers[1].params.top_p`) names what the client sent (`top_p`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from google.protobuf import struct_pb2
+
+from muestra.gateway.openai.errors import bad_request
+from muestra.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
+from muestra.v1 import common_pb2, diffusion_pb2, gateway_pb2
+
+# OpenAI's and the extensions' sampling fields, in transformers' processor order; the first four are
+# kept in front of greedy when temperature is 0.
+_PROCESSORS = (
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+)
+_BEFORE_GREEDY = set(_PROCESSORS[:4])
+# Values that change nothing; a client that sends every default still gets plain sampling.
+# top_k -1 and 0 mean "off" in vLLM.
+_NEUTRAL = {
+    "repetition_penalty": (1,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+    "temperature": (1,),
+    "top_k": (0, -1),
+    "top_p": (1,),
+    "min_p": (0,),
+    "typical_p": (1,),
+}
+_SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
+
+
+def sampler_chain(body) -> tuple[list[dict], dict[str, str]]:
+    """The chain for a body: its explicit `samplers`, else one built from temperature/top_p/... (0: greedy).
+
+    No sampling field at all gives an empty chain: the model's generation_config.json decides (as in vLLM).
+    """
+    if body.samplers:
+        return [{"name": s.name, "params": s.params} for s in body.samplers], {}
+    given = {name: getattr(body, name) for name in _PROCESSORS if getattr(body, name) is not None}
+    if not given:
+        return [], {}
+    greedy = given.get("temperature") == 0
+    steps = [
+        name
+        for name in _PROCESSORS
+        if name in given and given[name] not in _NEUTRAL[name] and (not greedy or name in _BEFORE_GREEDY)
+    ]
+    chain = [{"name": name, "params": {name: given[name]}} for name in steps]
+    chain.append({"name": "greedy" if greedy else "sample", "params": {}})
+    return chain, {f"samplers[{i}]": name for i, name in enumerate(steps)}
+
+
+def _base_request(body, max_tokens: int, logprobs: bool, top_logprobs: int) -> gateway_pb2.GenerateRequest:
+    chain, _ = sampler_chain(body)
+    request = gateway_pb2.GenerateRequest(
+        model=body.model,
+        max_tokens=max_tokens,
+        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or ()),
+        stop_token_ids=body.stop_token_ids or [],
+        n=body.n,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        ignore_eos=body.ignore_eos,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+    )
+    if body.seed is not None:
+        request.seed = body.seed
+    for spec in chain:
+        params = struct_pb2.Struct()
+        params.update(spec["params"])
+        request.samplers.append(gateway_pb2.SamplerSpec(name=spec["name"], params=params))
+    return request
+
+
+def _check_stream_options(body) -> None:
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options", "is only allowed when stream is true")
+
+
+def completion_requests(
+    body: CompletionRequest, max_prompts: int
+) -> tuple[list[gateway_pb2.GenerateRequest], dict[str, str]]:
+    """One GenerateRequest per prompt (a list prompt gives several), and the renames."""
+    _check_stream_options(body)
+    if body.suffix:
+        raise bad_request("suffix", "is not supported", "unsupported_parameter")
+    if body.best_of is not None and body.best_of != body.n:
+        raise bad_request("best_of", "is not supported (only best_of equal to n)", "unsupported_parameter")
+    if body.echo and body.logprobs is not None:
+        raise bad_request("echo", "with logprobs is not supported (prompt logprobs are not computed)")
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if not prompts:
+        raise bad_request("prompt", "is empty")
+    if not all(isinstance(p, str) for p in prompts):
+        raise bad_request("prompt", "token-id prompts are not supported; send text", "unsupported_parameter")
+    if len(prompts) > max_prompts:
+        raise bad_request("prompt", f"holds {len(prompts)} prompts; the limit is {max_prompts}")
+    logprobs = body.logprobs is not None
+    requests = []
+    for prompt in prompts:
+        request = _base_request(body, body.max_tokens or 0, logprobs, body.logprobs or 0)
+        request.prompt = prompt
+        request.add_special_tokens = body.add_special_tokens
+        requests.append(request)
+    _, renames = sampler_chain(body)
+    return requests, {**renames, "top_logprobs": "logprobs"}
+
+
+def _message_text(index: int, content) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for k, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise bad_request(
+                f"messages[{index}].content[{k}]", f"{part.type!r} parts are not supported; only text parts are"
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def chat_request(body: ChatCompletionRequest) -> tuple[gateway_pb2.GenerateRequest, dict[str, str]]:
+    _check_stream_options(body)
+    if body.tools or body.functions:
+        raise bad_request(
+            "tools" if body.tools else "functions", "tool calling is not supported", "unsupported_parameter"
+        )
+    for name in ("tool_choice", "function_call"):
+        if getattr(body, name) not in (None, "none", "auto"):
+            raise bad_request(name, "tool calling is not supported", "unsupported_parameter")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise bad_request("response_format", f"{body.response_format.type!r} is not supported; only 'text' is")
+    if body.modalities is not None and body.modalities != ["text"]:
+        raise bad_request("modalities", "only ['text'] is supported", "unsupported_parameter")
+    if body.top_logprobs and not body.logprobs:
+        raise bad_request("top_logprobs", "needs logprobs to be true")
+    max_tokens = body.max_completion_tokens or body.max_tokens or 0
+    request = _base_request(body, max_tokens, body.logprobs, body.top_logprobs or 0)
+    request.messages.CopyFrom(
+        common_pb2.ChatMessages(
+            messages=[
+                common_pb2.ChatMessage(role=m.role, content=_message_text(i, m.content), name=m.name or "")
+                for i, m in enumerate(body.messages)
+            ]
+        )
+    )
+    _, renames = sampler_chain(body)
+    if body.max_completion_tokens:
+        renames["max_tokens"] = "max_completion_tokens"
+    return request, renames
+
+
+def image_request(body: ImageGenerationRequest) -> tuple[diffusion_pb2.ImageRequest, dict[str, str]]:
+    if body.response_format == "url":
+        raise bad_request("response_format", "'url' is not supported; use 'b64_json'", "unsupported_parameter")
+    width = height = 0
+    if body.size not in (None, "auto"):
+        match = _SIZE.match(body.size)
+        if match is None:
+            raise bad_request("size", f"must be 'WIDTHxHEIGHT' in pixels (e.g. '512x512') or 'auto', got {body.size!r}")
+        width, height = int(match.group(1)), int(match.group(2))
+    request = diffusion_pb2.ImageRequest(
+        model=body.model,
+        prompt=body.prompt,
+        negative_prompt=body.negative_prompt or "",
+        width=width,
+        height=height,
+        steps=body.steps or 0,
+        sampler=body.sampler or "",
+        num_images=body.n,
+    )
+    if body.guidance_scale is not None:
+        request.guidance_scale = body.guidance_scale
+    if body.seed is not None:
+        request.seed = body.seed
+    return request, {"num_images": "n", "width": "size", "height": "size"}

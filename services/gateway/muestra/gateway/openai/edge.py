@@ -1,0 +1,113 @@
+"""What every HTTP request goes through: its request id, the API key, the body limit, one log line, metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import Counter, Histogram
+
+from muestra.gateway.auth import key_is_valid
+from muestra.gateway.openai.errors import OpenAIError, unauthorized
+from muestra.runtime.logs import REQUEST_ID_HEADER, new_request_id, request_id_var
+
+log = logging.getLogger("muestra.requests")
+
+HTTP_REQUESTS = Counter("muestra_http_requests_total", "HTTP requests handled", ["path", "status"])
+HTTP_LATENCY = Histogram(
+    "muestra_http_request_duration_seconds",
+    "Time from an HTTP request's arrival to the end of its response (the whole stream when streaming)",
+    ["path"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+)
+OPEN_PATHS = ("/health",)
+# Metric labels: the routes, and "other" for everything else (so unknown paths cannot grow the label set).
+KNOWN_PATHS = {
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/images/generations",
+    "/v1/models",
+    "/health",
+    "/metrics",
+}
+
+
+class BodyTooLarge(OpenAIError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            413, f"the request body is over the limit of {limit} bytes", "invalid_request_error", None, "body_too_large"
+        )
+
+
+async def send_error(send, error: OpenAIError) -> None:
+    body = error.json_bytes()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Edge:
+    """ASGI middleware around the whole app."""
+
+    def __init__(self, app, keys: list[str], max_body_bytes: int) -> None:
+        self.app = app
+        self.keys = [k for k in keys if k]
+        self.max_body_bytes = max_body_bytes
+
+    def _refuse(self, scope, headers: dict[bytes, bytes]) -> OpenAIError | None:
+        if self.keys and scope["path"] not in OPEN_PATHS:
+            value = headers.get(b"authorization", b"").decode("latin-1")
+            if not value.startswith("Bearer "):
+                return unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
+            if not key_is_valid(value[len("Bearer ") :].strip(), self.keys):
+                return unauthorized("invalid API key")
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            return BodyTooLarge(self.max_body_bytes)
+        return None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        request_id = headers.get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")[:64] or new_request_id()
+        token = request_id_var.set(request_id)
+        started = time.perf_counter()
+        status = 0
+        received = 0
+
+        async def send_with_id(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", request_id.encode())]}
+            await send(message)
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise BodyTooLarge(self.max_body_bytes)
+            return message
+
+        try:
+            refusal = self._refuse(scope, headers)
+            if refusal is not None:
+                await send_error(send_with_id, refusal)
+            else:
+                await self.app(scope, limited_receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
+            HTTP_REQUESTS.labels(path, str(status or 499)).inc()
+            HTTP_LATENCY.labels(path).observe(elapsed)
+            level = logging.DEBUG if path in ("/health", "/metrics") else logging.INFO
+            client = scope.get("client") or ("-", 0)
+            log.log(
+                level, "HTTP %s %s %d %.1fms peer=%s:%s", scope["method"], scope["path"], status or 499,
+                elapsed * 1000, client[0], client[1],
+            )  # fmt: skip
+            request_id_var.reset(token)

@@ -1,0 +1,172 @@
+"""Gateway messages (GenerateResponse) as OpenAI's responses and stream chunks.
+
+A request may run several generations (a list prompt): choice `k * n + i` is completion `i` of prompt `k`.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from muestra.v1 import gateway_pb2
+
+FINISH_REASONS = {
+    gateway_pb2.STOP: "stop",
+    gateway_pb2.LENGTH: "length",
+    gateway_pb2.CANCELLED: "cancelled",
+    gateway_pb2.ERROR: "error",
+}
+
+
+def finish_reason(done: gateway_pb2.Completion) -> str:
+    return FINISH_REASONS.get(done.finish_reason, "stop")
+
+
+def _top(entry: gateway_pb2.TopLogprob) -> dict:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.token.encode())}
+
+
+def chat_logprobs(entries) -> dict:
+    """choices[].logprobs of chat: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": list(e.token.encode()),
+                "top_logprobs": [_top(t) for t in e.top],
+            }
+            for e in entries
+        ],
+        "refusal": None,
+    }
+
+
+def legacy_logprobs(entries, offset: int) -> tuple[dict, int]:
+    """choices[].logprobs of /v1/completions (tokens, token_logprobs, top_logprobs, text_offset), next offset."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for e in entries:
+        tokens.append(e.token)
+        token_logprobs.append(e.logprob)
+        tops.append({t.token: t.logprob for t in e.top})
+        offsets.append(offset)
+        offset += len(e.token)
+    body = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+    return body, offset
+
+
+class Choices:
+    """The state of every choice of one request: text so far, logprobs, and how each ended."""
+
+    def __init__(self, chat: bool, prompts: list[str], n: int, echo: bool = False) -> None:
+        self.chat = chat
+        self.prompts = prompts
+        self.n = n
+        self.echo = echo
+        self.texts: dict[int, list[str]] = collections.defaultdict(list)
+        self.logprobs: dict[int, list] = collections.defaultdict(list)
+        self.offsets: dict[int, int] = {}
+        self.done: dict[int, gateway_pb2.Completion] = {}
+        self.want_logprobs = False
+
+    def prompt_of(self, choice: int) -> str:
+        return self.prompts[choice // self.n]
+
+    def add(self, choice: int, message: gateway_pb2.GenerateResponse) -> None:
+        if message.HasField("done"):
+            self.done[choice] = message.done
+        else:
+            self.texts[choice].append(message.delta.text)
+            self.logprobs[choice].extend(message.delta.logprobs)
+
+    def usage(self) -> dict:
+        """Prompt tokens count once per prompt (its n completions share the prefill)."""
+        completion = 0
+        per_prompt: dict[int, tuple[int, int]] = {}
+        for choice, done in self.done.items():
+            completion += done.usage.completion_tokens
+            per_prompt[choice // self.n] = (done.usage.prompt_tokens, done.usage.cached_tokens)
+        prompt = sum(tokens for tokens, _ in per_prompt.values())
+        cached = sum(cached for _, cached in per_prompt.values())
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    def errors(self) -> list[str]:
+        return [
+            done.error or "generation failed" for done in self.done.values() if done.finish_reason == gateway_pb2.ERROR
+        ]
+
+    # -- whole responses ----------------------------------------------------------------------
+
+    def choice_bodies(self) -> list[dict]:
+        bodies = []
+        for choice in sorted(self.done):
+            done = self.done[choice]
+            text = "".join(self.texts[choice])
+            body: dict = {"index": choice}
+            if self.chat:
+                body["message"] = {"role": "assistant", "content": text, "refusal": None}
+                body["logprobs"] = chat_logprobs(self.logprobs[choice]) if self.want_logprobs else None
+            else:
+                prefix = self.prompt_of(choice) if self.echo else ""
+                body["text"] = prefix + text
+                body["logprobs"] = (
+                    legacy_logprobs(self.logprobs[choice], len(prefix))[0] if self.want_logprobs else None
+                )
+            body["finish_reason"] = finish_reason(done)
+            body["stop_reason"] = done.stop_reason or None
+            bodies.append(body)
+        return bodies
+
+    # -- stream chunks ------------------------------------------------------------------------
+
+    def opening_deltas(self, choices: int) -> list[dict]:
+        """Chat: each choice's first chunk carries the role. Completions with echo: the prompt."""
+        if self.chat:
+            return [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(choices)
+            ]
+        if self.echo:
+            return [
+                {"index": i, "text": self.prompt_of(i), "logprobs": None, "finish_reason": None} for i in range(choices)
+            ]
+        return []
+
+    def delta_choice(self, choice: int, delta: gateway_pb2.TextDelta) -> dict | None:
+        """One chunk's choice for a delta; None when there is nothing to send (no text, no logprobs)."""
+        if not delta.text and not (self.want_logprobs and delta.logprobs):
+            return None
+        if self.chat:
+            logprobs = chat_logprobs(delta.logprobs) if self.want_logprobs else None
+            return {"index": choice, "delta": {"content": delta.text}, "logprobs": logprobs, "finish_reason": None}
+        logprobs = None
+        if self.want_logprobs:
+            start = self.offsets.get(choice, len(self.prompt_of(choice)) if self.echo else 0)
+            logprobs, self.offsets[choice] = legacy_logprobs(delta.logprobs, start)
+        return {"index": choice, "text": delta.text, "logprobs": logprobs, "finish_reason": None}
+
+    def final_choice(self, choice: int, done: gateway_pb2.Completion) -> dict:
+        body: dict = {"index": choice, "logprobs": None, "finish_reason": finish_reason(done)}
+        if self.chat:
+            body["delta"] = {}
+        else:
+            body["text"] = ""
+        body["stop_reason"] = done.stop_reason or None
+        return body
+
+
+def envelope(kind: str, request_id: str, model: str, fingerprint: str, created: int | None = None) -> dict:
+    """The fields every response and chunk starts with."""
+    prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
+    return {
+        "id": f"{prefix}-{request_id}",
+        "object": kind,
+        "created": created if created is not None else int(time.time()),
+        "model": model,
+        "system_fingerprint": fingerprint,
+    }

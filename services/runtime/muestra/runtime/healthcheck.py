@@ -1,8 +1,8 @@
 """`python -m muestra.runtime.healthcheck ADDRESS|SERVICE`: exit 0 when the gRPC health check says SERVING.
 
 For container HEALTHCHECKs, which have no grpc_health_probe. Given a service name instead of an address,
-it checks the port that service reads from its environment (MUESTRA_<SERVICE>_PORT, else MUESTRA_PORT) on
-loopback, so the check follows the port the container was configured with.
+it checks the host and port that service reads from its environment (MUESTRA_<SERVICE>_PORT, else
+MUESTRA_PORT; a wildcard host such as 0.0.0.0 means loopback), so the check follows the container's settings.
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ def address_of(target: str, env: dict | None = None) -> str:
     if ":" in target:
         return target
     env = os.environ if env is None else env
-    port = env.get(f"MUESTRA_{target.upper()}_PORT") or env.get("MUESTRA_PORT")
+    prefix = f"MUESTRA_{target.upper()}_"
+    port = env.get(prefix + "PORT") or env.get("MUESTRA_PORT")
     if not port:
-        raise ValueError(f"no port for {target!r}: set MUESTRA_{target.upper()}_PORT or pass HOST:PORT")
-    return f"127.0.0.1:{int(port)}"
+        raise ValueError(f"no port for {target!r}: set {prefix}PORT or pass HOST:PORT")
+    host = env.get(prefix + "HOST") or env.get("MUESTRA_HOST") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
 
 def check(address: str, service: str = "", timeout_s: float = 3.0) -> str:

@@ -1,0 +1,311 @@
+"""docker-compose.yml run as local processes, the way Compose would run it, with only addresses rewritten.
+
+What a container would run is read from the files themselves: each service's ENTRYPOINT, ENV and HEALTHCHECK
+from its Dockerfile, then `command`, `environment` (interpolated like Compose: `${VAR:-default}`), `volumes`,
+`tmpfs`, `depends_on` and `healthcheck` from the compose file. The rewrites are only what a machine without
+containers needs: a wildcard bind address becomes a loopback one (replica i of a scaled service gets
+127.0.0.<i+1>, so replicas share a port as they do in Compose), each container port becomes a free port, a
+`service:port` reference becomes the addresses of that service's replicas, a volume's container path becomes its
+host source, a tmpfs becomes a temporary folder, and `python` becomes this interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+WILDCARDS = ("0.0.0.0", "::", "[::]")
+
+
+@dataclasses.dataclass
+class Image:
+    """What a Dockerfile gives a container."""
+
+    env: dict[str, str]
+    entrypoint: list[str]
+    cmd: list[str]
+    healthcheck: list[str]
+    user: str
+    instructions: list[tuple[str, str]]
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    logical, current = [], ""
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#"):
+            continue  # comments, also those between continued lines, as BuildKit drops them
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        current += line
+        if current.strip():
+            logical.append(current.strip())
+        current = ""
+    pairs = []
+    for text in logical:
+        word, _, rest = text.partition(" ")
+        pairs.append((word.upper(), rest.strip()))
+    return pairs
+
+
+def parse_dockerfile(path: Path) -> Image:
+    env: dict[str, str] = {}
+    entrypoint: list[str] = []
+    cmd: list[str] = []
+    healthcheck: list[str] = []
+    user = "root"
+    instructions = dockerfile_instructions(path)
+    for word, rest in instructions:
+        if word == "ENV":
+            for item in shlex.split(rest):
+                key, _, value = item.partition("=")
+                env[key] = value
+        elif word == "ENTRYPOINT":
+            entrypoint = json.loads(rest)
+        elif word == "CMD":
+            cmd = json.loads(rest)
+        elif word == "HEALTHCHECK":
+            healthcheck = json.loads(rest[rest.index("CMD ") + 4 :])
+        elif word == "USER":
+            user = rest
+    return Image(env, entrypoint, cmd, healthcheck, user, instructions)
+
+
+_VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\}")
+
+
+def interpolate(value, variables: dict[str, str]):
+    """Compose's interpolation of `${VAR}`, `${VAR:-default}`, `${VAR-default}` and `$$`, through lists and maps."""
+    if isinstance(value, dict):
+        return {key: interpolate(item, variables) for key, item in value.items()}
+    if isinstance(value, list):
+        return [interpolate(item, variables) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def replace(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, op, default = match.group("name", "op", "default")
+        current = variables.get(name)
+        if op == ":-" and not current:
+            return default
+        if op == "-" and current is None:
+            return default
+        return current or ""
+
+    return _VARIABLE.sub(replace, value)
+
+
+def load_compose(path: Path, variables: dict[str, str]) -> dict:
+    """The compose file, YAML anchors merged and variables interpolated."""
+    return interpolate(yaml.safe_load(path.read_text()), variables)
+
+
+def environment_of(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.partition("=")[::2] for item in env)
+    return {key: "" if value is None else str(value) for key, value in env.items()}
+
+
+def free_port_on(hosts: list[str]) -> int:
+    """A TCP port free on every one of `hosts`."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind((hosts[0], 0))
+            port = first.getsockname()[1]
+            try:
+                for host in hosts[1:]:
+                    with socket.socket() as other:
+                        other.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no port free on all of {hosts}")
+
+
+@dataclasses.dataclass
+class Container:
+    """One replica of a compose service, as a local process."""
+
+    service: str
+    replica: int
+    host: str
+    argv: list[str]
+    env: dict[str, str]
+    healthcheck: list[str]
+    ports: dict[str, int]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def healthy(self) -> bool:
+        result = subprocess.run(self.healthcheck, env=self.env, capture_output=True, timeout=30)
+        return result.returncode == 0
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def grace_seconds(text: str) -> float:
+    """Compose durations as this file writes them: `20s`, `1m`, `1m30s`."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text))
+
+
+class LocalCompose:
+    """Plan and run every service of a compose file as local processes; `scale` gives replica counts."""
+
+    def __init__(self, compose: dict, workdir: Path, scale: dict[str, int] | None = None) -> None:
+        self.compose = compose
+        self.services: dict = compose["services"]
+        self.workdir = workdir
+        self.scale = {name: 1 for name in self.services} | (scale or {})
+        self.containers: dict[str, list[Container]] = {}
+        # (service, container port) -> host port, the same for every replica of a service.
+        self.port_map: dict[tuple[str, str], int] = {}
+        for name in self.services:
+            self.containers[name] = []
+
+    def hosts(self, name: str) -> list[str]:
+        return [f"127.0.0.{i + 1}" for i in range(self.scale[name])]
+
+    def container_ports(self, name: str, env: dict[str, str]) -> list[str]:
+        ports = [value for key, value in env.items() if key.endswith("_PORT") and value.isdigit() and value != "0"]
+        if "build" not in self.services[name]:  # the official redis image listens on 6379
+            ports.append("6379")
+        return ports
+
+    def address_of(self, name: str, container_port: str) -> str:
+        host_port = self.port_map[(name, container_port)]
+        return ",".join(f"{host}:{host_port}" for host in self.hosts(name))
+
+    def plan(self) -> None:
+        """Decide every replica's command, environment and ports (before anything starts)."""
+        planned = {}
+        for name, service in self.services.items():
+            image = parse_dockerfile(REPO / service["build"]["dockerfile"]) if "build" in service else None
+            env = {**(image.env if image else {}), **environment_of(service)}
+            planned[name] = (image, env)
+            for port in self.container_ports(name, env):
+                self.port_map[(name, port)] = free_port_on(self.hosts(name))
+        for name, (image, env) in planned.items():
+            for replica, host in enumerate(self.hosts(name)):
+                self.containers[name].append(self._container(name, replica, host, image, dict(env)))
+
+    def _rewrite(self, name: str, key: str, value: str, host: str, tmp: Path) -> str:
+        service = self.services[name]
+        if key.endswith("_HOST") and value in WILDCARDS:
+            return host
+        if key.endswith("_PORT") and (name, value) in self.port_map:
+            return str(self.port_map[(name, value)])
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if value == target or value.startswith(target + "/"):
+                return str((REPO / source).resolve()) + value[len(target) :]
+        for mount in service.get("tmpfs", []):
+            if value == mount or value.startswith(mount + "/"):
+                return str(tmp) + value[len(mount) :]
+        references = re.compile(r"\b(" + "|".join(map(re.escape, self.services)) + r"):(\d+)\b")
+        return references.sub(lambda m: self.address_of(m.group(1), m.group(2)), value)
+
+    def _container(self, name: str, replica: int, host: str, image: Image | None, env: dict) -> Container:
+        service = self.services[name]
+        tmp = self.workdir / f"{name}-{replica}-tmp"
+        tmp.mkdir()
+        env = {key: self._rewrite(name, key, value, host, tmp) for key, value in env.items()}
+        inherited = {key: value for key, value in os.environ.items() if not key.startswith("MUESTRA_")}
+        full_env = {**inherited, **env}
+        command = service.get("command")
+        if isinstance(command, str):
+            command = shlex.split(command)
+        ports = {port: host_port for (svc, port), host_port in self.port_map.items() if svc == name}
+        if image is not None:
+            argv = [*image.entrypoint, *(command if command is not None else image.cmd)]
+            healthcheck = image.healthcheck
+        else:  # redis from its official image: the compose command, on this replica's loopback port
+            argv = [*command, "--port", str(ports["6379"]), "--bind", host, "--dir", str(tmp)]
+            test = service["healthcheck"]["test"][1:]
+            healthcheck = [test[0], "-h", host, "-p", str(ports["6379"]), *test[1:]]
+        argv = [sys.executable if word == "python" else word for word in argv]
+        healthcheck = [sys.executable if word == "python" else word for word in healthcheck]
+        if argv[0] == "redis-server":
+            argv[0] = shutil.which("redis-server") or "redis-server"
+        log_path = self.workdir / f"{name}-{replica}.log"
+        return Container(name, replica, host, argv, full_env, healthcheck, ports, log_path)
+
+    def start_order(self) -> list[list[str]]:
+        """Waves of services: each wave depends only on earlier ones (Compose's depends_on order)."""
+        done: set[str] = set()
+        waves = []
+        while len(done) < len(self.services):
+            wave = [
+                name
+                for name, service in self.services.items()
+                if name not in done and set(service.get("depends_on", {})) <= done
+            ]
+            if not wave:
+                raise ValueError("depends_on has a cycle")
+            waves.append(wave)
+            done.update(wave)
+        return waves
+
+    def up(self, timeout_s: float = 300.0) -> None:
+        """Start wave by wave, each wave healthy (its own health checks) before the next starts."""
+        self.plan()
+        for wave in self.start_order():
+            started = [c for name in wave for c in self.containers[name]]
+            for container in started:
+                container.start()
+            deadline = time.monotonic() + timeout_s
+            waiting = list(started)
+            while waiting:
+                for container in list(waiting):
+                    if container.proc.poll() is not None:
+                        raise RuntimeError(
+                            f"{container.service}[{container.replica}] exited with {container.proc.returncode}:\n"
+                            f"{container.log_tail()}"
+                        )
+                    if container.healthy():
+                        waiting.remove(container)
+                if waiting and time.monotonic() > deadline:
+                    names = ", ".join(f"{c.service}[{c.replica}]" for c in waiting)
+                    raise TimeoutError(f"not healthy after {timeout_s}s: {names}")
+                if waiting:
+                    time.sleep(0.5)
+
+    def down(self) -> dict[str, list[int]]:
+        """SIGTERM every replica, dependants first, each given its service's stop_grace_period."""
+        codes: dict[str, list[int]] = {}
+        for wave in reversed(self.start_order()):
+            for name in wave:
+                grace = grace_seconds(self.services[name].get("stop_grace_period", "10s"))
+                codes[name] = [c.stop(grace) for c in self.containers[name] if c.proc is not None]
+        return codes

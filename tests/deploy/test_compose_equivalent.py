@@ -1,0 +1,154 @@
+"""docker-compose.yml's stack, run as local processes with the commands, environment and health checks that
+Compose and the Dockerfiles give each container (tests/deploy/compose_local.py), with lm scaled to 2.
+
+No container is built or run here (these machines have no Docker engine): what this checks is that the
+configuration the files carry starts a working stack.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from muestra.client import Client
+from tests.deploy.compose_local import REPO, LocalCompose, grace_seconds, load_compose
+from tests.harness import free_port
+
+PROMPT = "The quick brown fox"
+LM_REPLICAS = 2
+
+
+def models_root(request, root: Path) -> tuple[Path, object, Path | None]:
+    """A folder laid out like ./models: the repository's default models where they exist, else test models.
+
+    Returns the folder, the tiny LM standing in for muestra-text (None: the default model) and the tiny Stable
+    Diffusion folder standing in for muestra-image (None: the default model).
+    """
+    root.mkdir()
+    text, tiny_text = REPO / "models" / "muestra-text", None
+    if not (text / "model.onnx").is_file():
+        tiny_text = request.getfixturevalue("tiny_lm")("llama")
+        text = tiny_text.onnx_dir
+    image, tiny_image = REPO / "models" / "muestra-image", None
+    if not (image / "model_index.json").is_file():
+        tiny_image = image = request.getfixturevalue("tiny_sd_model")
+    (root / "muestra-text").symlink_to(text)
+    (root / "muestra-image").symlink_to(image)
+    return root, tiny_text, tiny_image
+
+
+@pytest.fixture(scope="module")
+def stack(request, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("compose-local")
+    root, tiny_text, tiny_image = models_root(request, workdir / "models")
+    compose = load_compose(REPO / "docker-compose.yml", {"MUESTRA_MODELS": str(root)})
+    local = LocalCompose(compose, workdir, scale={"lm": LM_REPLICAS})
+    local.tiny_text, local.tiny_image = tiny_text, tiny_image
+    try:
+        local.up()
+    except Exception:
+        local.down()
+        raise
+    yield local
+    local.down()
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    gateway = stack.containers["gateway"][0]
+    with Client(f"127.0.0.1:{gateway.ports['50051']}", timeout=300) as c:
+        yield c
+
+
+def test_lm_replicas_share_one_port_as_compose_scale_gives_them(stack):
+    replicas = stack.containers["lm"]
+    assert len(replicas) == LM_REPLICAS
+    assert len({r.ports["50053"] for r in replicas}) == 1
+    gateway_env = stack.containers["gateway"][0].env
+    assert gateway_env["MUESTRA_GATEWAY_LM_ADDR"] == ",".join(f"{r.host}:{r.ports['50053']}" for r in replicas)
+
+
+def test_greedy_text_through_the_compose_stack_equals_transformers_generate(stack, client):
+    generation = client.generate(PROMPT, max_tokens=12, samplers=[{"name": "greedy"}]).wait()
+    completion = generation.completions[0]
+    ids = generation.token_ids[0]
+    assert completion.error == ""
+    assert completion.replica in {f"{r.host}:{r.ports['50053']}" for r in stack.containers["lm"]}
+    assert 1 <= len(ids) == completion.completion_tokens <= 12
+    if stack.tiny_text is None:  # the default model ships only its ONNX export: no transformers reference
+        return
+    model, tokenizer = stack.tiny_text.torch_model(), stack.tiny_text.tokenizer()
+    prompt_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(
+            prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=12, do_sample=False, pad_token_id=1
+        )
+    expected = out[0, prompt_ids.shape[1] :].tolist()
+    eos = model.generation_config.eos_token_id
+    if eos in expected:
+        expected = expected[: expected.index(eos) + 1]
+    assert ids == expected
+
+
+def test_image_through_the_compose_stack_matches_a_bare_diffusers_pipeline(stack, client):
+    from PIL import Image
+
+    steps, seed, size = 3, 11, 64
+    progress = []
+    images = client.generate_image(
+        "a watercolor painting of a lighthouse", width=size, height=size, steps=steps, seed=seed,
+        on_progress=progress.append,
+    )  # fmt: skip
+    assert len(images) == 1
+    assert [p.step for p in progress][-1] == steps
+    picture = Image.open(io.BytesIO(images[0].png))
+    assert picture.format == "PNG"
+    assert picture.size == (size, size)
+    if stack.tiny_image is None:
+        return
+    from tests.fixtures.diffusion_models import ReferencePipeline
+
+    expected = ReferencePipeline(stack.tiny_image).image(
+        prompt="a watercolor painting of a lighthouse", seed=seed, steps=steps, width=size, height=size
+    )
+    pixels = np.asarray(picture.convert("RGB")).astype(np.int16)
+    # The compose stack leaves torch its default thread count; the reference runs on one thread, so sums may
+    # round differently: the images agree to within a few levels, while another seed differs by far more.
+    assert np.abs(pixels - expected).max() <= 4
+
+
+def test_redis_runs_with_the_compose_eviction_and_no_persistence(stack):
+    redis = stack.containers["redis"][0]
+    port = str(redis.ports["6379"])
+
+    def config(name: str) -> str:
+        out = subprocess.run(["redis-cli", "-h", redis.host, "-p", port, "CONFIG", "GET", name], capture_output=True)
+        return out.stdout.decode().split("\n")[1]
+
+    assert config("maxmemory-policy") == "allkeys-lru"
+    assert int(config("maxmemory")) == 1024**3
+    assert config("save") == ""
+    assert config("appendonly") == "no"
+
+
+def test_image_healthcheck_fails_when_nothing_serves():
+    result = subprocess.run(
+        [sys.executable, "-m", "muestra.runtime.healthcheck", f"127.0.0.1:{free_port()}", "--timeout", "1"],
+        capture_output=True,
+    )
+    assert result.returncode == 1
+    assert b"UNAVAILABLE" in result.stderr
+
+
+def test_every_service_stops_cleanly_within_its_stop_grace_period(stack):
+    """Last in this module: SIGTERM, as `docker compose down` sends it, ends every process with status 0."""
+    graces = {name: grace_seconds(service.get("stop_grace_period", "10s")) for name, service in stack.services.items()}
+    codes = stack.down()
+    assert all(graces[name] >= 10 for name in ("tokenizer", "lm", "diffusion", "gateway"))
+    assert codes == {name: [0] * stack.scale[name] for name in stack.services}

@@ -1,0 +1,272 @@
+"""The rules the Dockerfiles, docker-compose files and Kubernetes manifests must keep (cheap checks of the text).
+
+Schema validity and hadolint are scripts/check_deploy.sh's job; these are the project's own rules on top.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import tomllib  # Python 3.11+, as the images and the dev environment are
+import yaml
+
+from muestra.runtime.healthcheck import address_of
+from tests.deploy.compose_local import REPO, dockerfile_instructions, environment_of, load_compose, parse_dockerfile
+
+SERVICES = ["tokenizer", "lm", "diffusion", "gateway"]
+INTERNAL = ["tokenizer", "lm", "diffusion"]
+GRPC_PORTS = {"gateway": "50051", "tokenizer": "50052", "lm": "50053", "diffusion": "50054"}
+K8S = REPO / "deploy" / "kubernetes"
+
+
+def distributions() -> dict[str, Path]:
+    """Distribution name → its folder, for every pyproject.toml of the repository."""
+    found = {}
+    for pyproject in [*REPO.glob("*/pyproject.toml"), *REPO.glob("*/*/pyproject.toml")]:
+        if ".venv" in pyproject.parts:
+            continue
+        found[tomllib.loads(pyproject.read_text())["project"]["name"]] = pyproject.parent
+    return found
+
+
+def internal_closure(service: str) -> tuple[set[str], list[str]]:
+    """The folders of muestra-<service> and every muestra-* distribution it needs, and its third-party deps."""
+    dists = distributions()
+    folders, third_party, todo = set(), [], [f"muestra-{service}"]
+    while todo:
+        folder = dists[todo.pop()]
+        rel = folder.relative_to(REPO).as_posix()
+        if rel in folders:
+            continue
+        folders.add(rel)
+        for dep in tomllib.loads((folder / "pyproject.toml").read_text())["project"]["dependencies"]:
+            name = re.split(r"[<>=!~;\[ ]", dep, maxsplit=1)[0]
+            (todo if name.startswith("muestra") else third_party).append(name if name.startswith("muestra") else dep)
+    return folders, third_party
+
+
+def compose(path: str = "docker-compose.yml") -> dict:
+    return load_compose(REPO / path, {})
+
+
+def k8s_documents() -> list[dict]:
+    documents = []
+    for path in sorted((K8S / "base").glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            documents += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return documents
+
+
+def k8s(kind: str, name: str) -> dict:
+    matches = [d for d in k8s_documents() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+# -- Dockerfiles ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_dockerfile_runs_as_a_numeric_non_root_user_from_a_pinned_base(service):
+    path = REPO / "services" / service / "Dockerfile"
+    image = parse_dockerfile(path)
+    words = [word for word, _ in image.instructions]
+    (base,) = [rest for word, rest in image.instructions if word == "FROM"]
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base), base
+    assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", image.user), "USER must be a numeric uid:gid other than root"
+    assert words.index("USER") < words.index("ENTRYPOINT")
+    assert image.entrypoint == ["python", "-m", f"muestra.{service}"]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_dockerfile_healthcheck_asks_the_grpc_health_service_on_the_configured_port(service):
+    image = parse_dockerfile(REPO / "services" / service / "Dockerfile")
+    assert image.healthcheck == ["python", "-m", "muestra.runtime.healthcheck", service]
+    assert image.env[f"MUESTRA_{service.upper()}_HOST"] == "0.0.0.0"
+    assert image.env[f"MUESTRA_{service.upper()}_PORT"] == GRPC_PORTS[service]
+    assert address_of(service, image.env) == f"127.0.0.1:{GRPC_PORTS[service]}"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_dockerfile_installs_dependencies_before_copying_code_and_only_its_own(service):
+    instructions = dockerfile_instructions(REPO / "services" / service / "Dockerfile")
+    folders, _ = internal_closure(service)
+    manifest_copies = [i for i, (w, rest) in enumerate(instructions) if w == "COPY" and "pyproject.toml" in rest]
+    code_copies = [i for i, (w, rest) in enumerate(instructions) if w == "COPY" and "pyproject.toml" not in rest]
+    (deps_install,) = [i for i, (w, rest) in enumerate(instructions) if w == "RUN" and "-r /tmp/requirements" in rest]
+    (code_install,) = [i for i, (w, rest) in enumerate(instructions) if w == "RUN" and "--no-deps" in rest]
+    assert max(manifest_copies) < deps_install < min(code_copies) < max(code_copies) < code_install
+    copied_manifests = {instructions[i][1].split()[0].rsplit("/", 1)[0] for i in manifest_copies}
+    copied_code = {instructions[i][1].split()[0].rstrip("/") for i in code_copies}
+    assert copied_manifests == copied_code == folders
+    # The requirements are read from exactly those pyproject.toml files.
+    assert all(folder in instructions[deps_install][1] for folder in folders)
+
+
+@pytest.mark.parametrize(
+    ("service", "forbidden"),
+    [
+        ("lm", {"torch"}),
+        ("gateway", {"torch", "onnxruntime", "onnxruntime-gpu"}),
+        ("tokenizer", {"torch", "onnxruntime"}),
+    ],
+)
+def test_service_dependencies_leave_out_the_heavy_runtimes_it_does_not_use(service, forbidden):
+    _, third_party = internal_closure(service)
+    names = {re.split(r"[<>=!~;\[ ]", dep, maxsplit=1)[0] for dep in third_party}
+    assert not names & forbidden
+
+
+def test_diffusion_image_takes_the_cpu_torch_wheel_unless_told_otherwise():
+    args = dict(
+        rest.split("=", 1)
+        for word, rest in dockerfile_instructions(REPO / "services/diffusion/Dockerfile")
+        if word == "ARG" and "=" in rest
+    )
+    assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    assert args["TORCH_VERSION"] == "2.13.0"
+
+
+def test_dockerignore_keeps_models_and_virtualenvs_out_of_the_build_context():
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    assert lines[lines.index("**")] == "**"
+    included = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    assert included == {"proto", "services", "plugins/api"}
+
+
+# -- docker-compose.yml --------------------------------------------------------------------------------------
+
+
+def test_only_the_gateway_is_published_on_its_grpc_and_http_ports():
+    services = compose()["services"]
+    assert {name for name, s in services.items() if s.get("ports")} == {"gateway"}
+    container_ports = {entry.rsplit(":", 1)[1] for entry in services["gateway"]["ports"]}
+    assert container_ports == {GRPC_PORTS["gateway"], parse_dockerfile(REPO / "services/gateway/Dockerfile").env[
+        "MUESTRA_GATEWAY_HTTP_PORT"
+    ]}  # fmt: skip
+    assert all(entry.startswith("127.0.0.1:") for entry in services["gateway"]["ports"]), "loopback by default"
+
+
+def test_lm_can_be_scaled_no_container_name_and_no_fixed_host_port():
+    for name, service in compose()["services"].items():
+        assert "container_name" not in service, name
+    assert "ports" not in compose()["services"]["lm"]
+
+
+def test_gateway_waits_for_every_backend_to_be_healthy():
+    services = compose()["services"]
+    depends = services["gateway"]["depends_on"]
+    assert set(depends) == {"redis", *INTERNAL}
+    assert all(entry == {"condition": "service_healthy"} for entry in depends.values())
+    assert "healthcheck" in services["redis"]  # the official image has none of its own
+
+
+def test_gateway_finds_backends_by_service_name_on_their_image_ports():
+    env = environment_of(compose()["services"]["gateway"])
+    for service in INTERNAL:
+        assert env[f"MUESTRA_GATEWAY_{service.upper()}_ADDR"] == f"{service}:{GRPC_PORTS[service]}"
+    assert env["MUESTRA_GATEWAY_REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_redis_evicts_by_lru_at_maxmemory_and_persists_nothing():
+    command = compose()["services"]["redis"]["command"]
+    assert command[0] == "redis-server"
+    options = dict(zip(command[1::2], command[2::2], strict=True))
+    assert options == {"--save": "", "--appendonly": "no", "--maxmemory": "1gb", "--maxmemory-policy": "allkeys-lru"}
+
+
+def test_models_are_mounted_read_only_from_the_models_folder():
+    services = compose()["services"]
+    for name in INTERNAL:
+        assert services[name]["volumes"] == ["./models:/models:ro"], name
+    env = {name: environment_of(services[name]) for name in INTERNAL}
+    assert env["tokenizer"]["MUESTRA_TOKENIZER_MODELS"] == "/models/muestra-text"
+    assert env["lm"]["MUESTRA_LM_MODEL"] == "/models/muestra-text"
+    assert env["diffusion"]["MUESTRA_DIFFUSION_MODEL"] == "/models/muestra-image"
+    assert load_compose(REPO / "docker-compose.yml", {"MUESTRA_MODELS": "/srv/models"})["services"]["lm"][
+        "volumes"
+    ] == ["/srv/models:/models:ro"]
+
+
+def test_muestra_containers_are_read_only_and_unprivileged():
+    services = compose()["services"]
+    for name in SERVICES:
+        service = services[name]
+        assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
+        assert service["tmpfs"] == ["/tmp"], name
+        assert service["build"] == {"context": ".", "dockerfile": f"services/{name}/Dockerfile"}
+
+
+def test_gpu_override_gives_lm_and_diffusion_an_nvidia_device_and_cuda_images():
+    gpu = compose("docker-compose.gpu.yml")["services"]
+    assert set(gpu) == {"lm", "diffusion"}
+    for name, service in gpu.items():
+        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"], name
+        assert service["image"].endswith("-cuda")
+    assert gpu["lm"]["build"]["args"]["ONNXRUNTIME_EXTRAS"] == "cuda,cudnn"
+    assert gpu["lm"]["environment"]["MUESTRA_LM_PROVIDERS"] == "cuda"
+    assert "/whl/cpu" not in gpu["diffusion"]["build"]["args"]["TORCH_INDEX_URL"]
+    assert gpu["diffusion"]["environment"]["MUESTRA_DIFFUSION_DEVICE"] == "cuda"
+
+
+# -- Kubernetes ----------------------------------------------------------------------------------------------
+
+
+def test_kustomization_lists_every_manifest_in_the_base():
+    kustomization = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    files = {p.name for p in (K8S / "base").glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_service_has_a_deployment_with_grpc_probes_and_resource_requests(service):
+    deployment = k8s("Deployment", service)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    port = int(GRPC_PORTS[service])
+    assert {"name": "grpc", "containerPort": port} in container["ports"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"] == {"port": port}, probe
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    assert "memory" in container["resources"]["limits"]
+    assert container["image"] == f"muestra/{service}"
+    pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert pod_security["runAsNonRoot"] is True and pod_security["runAsUser"] == 10001
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    service_object = k8s("Service", service)
+    assert service_object["spec"]["selector"] == selector
+    assert service_object["spec"]["ports"][0]["port"] == port
+
+
+def test_gateway_reaches_every_lm_pod_through_a_headless_service():
+    headless = k8s("Service", "lm-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == k8s("Deployment", "lm")["spec"]["selector"]["matchLabels"]
+    (container,) = k8s("Deployment", "gateway")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MUESTRA_GATEWAY_LM_ADDR"] == f"lm-headless:{GRPC_PORTS['lm']}"
+    assert env["MUESTRA_GATEWAY_REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_lm_has_a_horizontal_pod_autoscaler():
+    hpa = k8s("HorizontalPodAutoscaler", "lm")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "lm"}
+    assert hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"] >= 1
+
+
+def test_kubernetes_redis_matches_the_compose_redis():
+    (container,) = k8s("Deployment", "redis")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == compose()["services"]["redis"]["image"]
+    assert ["redis-server", *container["args"]] == compose()["services"]["redis"]["command"]
+
+
+def test_models_come_from_a_read_only_persistent_volume_claim():
+    claim = k8s("PersistentVolumeClaim", "muestra-models")
+    for service in INTERNAL:
+        spec = k8s("Deployment", service)["spec"]["template"]["spec"]
+        volume = next(v for v in spec["volumes"] if v["name"] == "models")
+        assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"], "readOnly": True}
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in spec["containers"][0]["volumeMounts"]

@@ -14,7 +14,7 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from muestra.tokenizer.stream import DetokenizeState
+from muestra.runtime.detokenize import DetokenizeState
 from muestra.v1 import tokenizer_pb2
 from tests.fixtures.tokenizers import SAMPLE_TEXTS
 

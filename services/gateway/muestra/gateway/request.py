@@ -6,9 +6,9 @@ import asyncio
 import dataclasses
 import time
 
-from muestra.gateway.detokenize import DetokenizeState
 from muestra.gateway.sampling import SamplingRow, SearchRequest
 from muestra.gateway.stops import StopStringMatcher
+from muestra.runtime.detokenize import DetokenizeState
 from muestra.v1 import gateway_pb2
 
 
@@ -63,7 +63,7 @@ class Sequence:
         self.sampling = sampling
         self.generated: list[int] = []
         self.pending_token: int | None = None  # sampled but not yet fed to the lm
-        self.detok = DetokenizeState(request.prompt_ids)
+        self.detok = DetokenizeState.after_prompt(request.prompt_ids)
         self.stops = StopStringMatcher(request.stop, request.include_stop_str_in_output)
         self.unsent_ids: list[int] = []
         self.unsent_logprobs: list[gateway_pb2.TokenLogprob] = []

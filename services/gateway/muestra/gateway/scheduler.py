@@ -295,7 +295,7 @@ class ReplicaScheduler:
             row.finish(gateway_pb2.STOP, f"token:{token}")
         else:
             if token < self.model.tokenizer_vocab_size:
-                row.detok.add([token])
+                row.detok.append(token)
             row.pending_token = token
         if not row.finished and (
             len(row.generated) >= request.max_tokens
@@ -338,14 +338,14 @@ class ReplicaScheduler:
         active = [
             row
             for row in rows
-            if isinstance(row, Sequence) and not row.done_sent and (row.detok.pending() or row.finished)
+            if isinstance(row, Sequence) and not row.done_sent and (row.detok.pending or row.finished)
         ]
         if not active:
             return
         reply = await self.model.tokenizer.DetokenizeStep(
             tokenizer_pb2.DetokenizeStepRequest(
                 model=self.model.tokenizer_model,
-                streams=[row.detok.stream(final=row.finished) for row in active],
+                streams=[row.detok.next_stream(final=row.finished) for row in active],
                 skip_special_tokens=True,
             )
         )

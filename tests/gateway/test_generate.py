@@ -224,3 +224,22 @@ def test_default_chain_comes_from_generation_config(client, reference):
     generation = client.generate(PROMPT, max_tokens=8).wait()
     assert generation.token_ids[0] == hf_generate(reference, PROMPT, max_new_tokens=8, do_sample=False)
     assert np.isfinite(generation.completions[0].tokens_per_s)
+
+
+def test_prometheus_metrics_count_tokens_and_latencies(text_stack):
+    import urllib.request
+
+    from tests.harness import free_port
+
+    port = free_port()
+    stack = text_stack("llama", "--metrics-port", str(port))
+    with Client(stack.gateway.address, timeout=60) as c:
+        c.complete(PROMPT, max_tokens=5, ignore_eos=True, samplers=[{"name": "greedy"}])
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    metrics = {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines() if line and line[0] != "#"}
+    assert metrics['muestra_generation_tokens_total{model="onnx"}'] == 5
+    assert metrics['muestra_prompt_tokens_total{model="onnx"}'] == 4
+    assert metrics['muestra_time_to_first_token_seconds_count{model="onnx"}'] == 1
+    assert metrics['muestra_inter_token_latency_seconds_count{model="onnx"}'] == 4
+    assert metrics['muestra_request_success_total{finish_reason="length",model="onnx"}'] == 1
+    assert metrics['muestra_grpc_requests_total{code="OK",method="/muestra.v1.Gateway/Generate"}'] == 1

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import time
 
+from muestra.gateway import metrics
 from muestra.gateway.sampling import SamplingRow, SearchRequest
 from muestra.gateway.stops import StopStringMatcher
 from muestra.runtime.detokenize import DetokenizeState
@@ -36,6 +37,7 @@ class GenerationRequest:
     # What the Generate handler streams: GenerateResponse messages, an exception, or None at the end.
     out: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     open_sequences: int = 0
+    model_name: str = ""
     # lm rows this request occupies (n, or the number of beams).
     rows: int = 1
     emitted: int = 0
@@ -70,6 +72,7 @@ class Sequence:
         self.finish_reason: int = gateway_pb2.FINISH_REASON_UNSPECIFIED
         self.stop_reason = ""
         self.first_token_at: float | None = None
+        self.last_token_at = 0.0
         self.done_sent = False
         self.error = ""
 
@@ -122,6 +125,12 @@ class Sequence:
             replica=request.replica,
         )
         request.emit(gateway_pb2.GenerateResponse(index=self.index, done=done))
+        model = request.model_name
+        metrics.GENERATION_TOKENS.labels(model).inc(len(self.generated))
+        metrics.REQUESTS_FINISHED.labels(model, gateway_pb2.FinishReason.Name(reason).lower()).inc()
+        if self.index == 0:
+            metrics.PROMPT_TOKENS.labels(model).inc(len(request.prompt_ids))
+            metrics.E2E_LATENCY.labels(model).observe(now - request.arrival)
         request.open_sequences -= 1
         if request.open_sequences <= 0:
             request.out.put_nowait(None)

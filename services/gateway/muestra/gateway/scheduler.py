@@ -16,6 +16,7 @@ import time
 import grpc
 import numpy as np
 
+from muestra.gateway import metrics
 from muestra.gateway.models import LmReplica, TextModel
 from muestra.gateway.request import BeamGroup, BeamRow, GenerationRequest, Sequence
 from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
@@ -108,6 +109,8 @@ class ReplicaScheduler:
                     await detok_task
                     detok_task = None
                 stepped = await self._accept_step(reply)
+                metrics.RUNNING.labels(self.model.name, self.replica.address).set(len(self.rows))
+                metrics.WAITING.labels(self.model.name, self.replica.address).set(len(self.waiting))
                 detok_task = asyncio.get_running_loop().create_task(self._detokenize(stepped))
             except Exception as exc:  # the lm or tokenizer failed: end what is in flight, keep serving
                 log.exception("step failed on %s", self.replica.address)
@@ -277,7 +280,12 @@ class ReplicaScheduler:
             return
         token = int(result.token_ids[k])
         row.generated.append(token)
-        row.first_token_at = row.first_token_at or now
+        if row.first_token_at is None:
+            row.first_token_at = now
+            metrics.TIME_TO_FIRST_TOKEN.labels(self.model.name).observe(now - request.arrival)
+        else:
+            metrics.INTER_TOKEN_LATENCY.labels(self.model.name).observe(now - row.last_token_at)
+        row.last_token_at = now
         row.unsent_ids.append(token)
         if request.logprobs:
             top_ids = result.top_ids[k] if result.top_ids[k] is not None else ()

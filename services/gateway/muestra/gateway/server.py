@@ -174,6 +174,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             top_logprobs=request.top_logprobs,
             include_stop_str_in_output=request.include_stop_str_in_output,
             deadline=deadline,
+            model_name=model.name,
         )
         return generation, self.routers[model.name]
 

@@ -181,10 +181,21 @@ def grace_seconds(text: str) -> float:
 
 
 class LocalCompose:
-    """Plan and run every service of a compose file as local processes; `scale` gives replica counts."""
+    """Plan and run every service of a compose file as local processes; `scale` gives replica counts.
 
-    def __init__(self, compose: dict, workdir: Path, scale: dict[str, int] | None = None) -> None:
+    `interpreters` maps a service to the Python that stands for its image's (default: this one), e.g. a venv
+    holding only what its Dockerfile installs.
+    """
+
+    def __init__(
+        self,
+        compose: dict,
+        workdir: Path,
+        scale: dict[str, int] | None = None,
+        interpreters: dict[str, str] | None = None,
+    ) -> None:
         self.compose = compose
+        self.interpreters = interpreters or {}
         self.services: dict = compose["services"]
         self.workdir = workdir
         self.scale = {name: 1 for name in self.services} | (scale or {})
@@ -254,8 +265,9 @@ class LocalCompose:
             argv = [*command, "--port", str(ports["6379"]), "--bind", host, "--dir", str(tmp)]
             test = service["healthcheck"]["test"][1:]
             healthcheck = [test[0], "-h", host, "-p", str(ports["6379"]), *test[1:]]
-        argv = [sys.executable if word == "python" else word for word in argv]
-        healthcheck = [sys.executable if word == "python" else word for word in healthcheck]
+        python = self.interpreters.get(name, sys.executable)
+        argv = [python if word == "python" else word for word in argv]
+        healthcheck = [python if word == "python" else word for word in healthcheck]
         if argv[0] == "redis-server":
             argv[0] = shutil.which("redis-server") or "redis-server"
         log_path = self.workdir / f"{name}-{replica}.log"

@@ -27,6 +27,20 @@ from muestra.v1 import gateway_pb2
 log = logging.getLogger("muestra.gateway.openai")
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes its body iterator however the response ends.
+
+    When the client goes away Starlette cancels the send, leaving the iterator suspended at a yield;
+    closing it runs its `finally`, which cancels the generation (its lm rows go at the next step).
+    """
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 class TextRun:
     """One completions or chat request on its way through the gateway."""
 
@@ -70,7 +84,7 @@ class TextRun:
             except Exception as exc:  # noqa: BLE001
                 await messages.aclose()
                 raise self.error(exc) from None
-            return StreamingResponse(self.events(head, first, messages), media_type="text/event-stream")
+            return ClosingStreamingResponse(self.events(head, first, messages), media_type="text/event-stream")
 
         async def collect() -> None:
             async with contextlib.aclosing(messages):

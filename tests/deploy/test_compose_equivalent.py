@@ -8,8 +8,10 @@ configuration the files carry starts a working stack.
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +76,12 @@ def test_lm_replicas_share_one_port_as_compose_scale_gives_them(stack):
     assert gateway_env["MUESTRA_GATEWAY_LM_ADDR"] == ",".join(f"{r.host}:{r.ports['50053']}" for r in replicas)
 
 
+def test_gateway_serves_text_on_both_lm_replicas_and_the_image_model(client):
+    models = {m.kind: m for m in client.list_models()}
+    assert set(models) == {"text", "image"}
+    assert models["text"].replicas == LM_REPLICAS
+
+
 def test_greedy_text_through_the_compose_stack_equals_transformers_generate(stack, client):
     generation = client.generate(PROMPT, max_tokens=12, samplers=[{"name": "greedy"}]).wait()
     completion = generation.completions[0]
@@ -121,6 +129,21 @@ def test_image_through_the_compose_stack_matches_a_bare_diffusers_pipeline(stack
     # The compose stack leaves torch its default thread count; the reference runs on one thread, so sums may
     # round differently: the images agree to within a few levels, while another seed differs by far more.
     assert np.abs(pixels - expected).max() <= 4
+
+
+def test_openai_http_api_on_the_published_port_gives_the_grpc_greedy_text(stack, client):
+    gateway = stack.containers["gateway"][0]
+    base = f"http://127.0.0.1:{gateway.ports['8000']}"
+    with urllib.request.urlopen(f"{base}/health", timeout=30) as reply:
+        assert json.load(reply) == {"status": "ok"}
+    body = json.dumps({"model": "", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}).encode()
+    request = urllib.request.Request(
+        f"{base}/v1/completions", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        http_text = json.load(reply)["choices"][0]["text"]
+    grpc_text, _ = client.complete(PROMPT, max_tokens=6, samplers=[{"name": "greedy"}])
+    assert http_text == grpc_text
 
 
 def test_redis_runs_with_the_compose_eviction_and_no_persistence(stack):

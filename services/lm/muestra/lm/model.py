@@ -173,6 +173,7 @@ class OnnxDecoder:
             self.pos_dtype = _INT_DTYPES.get(inputs["position_ids"].type, self.pos_dtype)
         self.kv_dtype = kv_dtype
         self.output_names = ["logits", *self.present_names]
+        self._binding: ort.IOBinding | None = None
 
         # The graph's dims may be symbolic: one real two-token step tells vocab, kv heads, head dim,
         # and whether logits come for every position or only the last, for sure.
@@ -239,12 +240,17 @@ class OnnxDecoder:
         self.session.run_with_iobinding(binding)
         forward_us = int((time.perf_counter() - started) * 1e6)
         values = binding.get_outputs()
-        logits = values[0].numpy()
-        last = np.array(logits[:, -1, :], dtype=np.float32)
+        # The binding must not keep the past (or these presents) alive once the batch drops them.
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        last = np.array(values[0].numpy()[:, -1, :], dtype=np.float32)
         return last, list(values[1:]), forward_us
 
     def _bind(self, input_ids, attention_mask, position_ids, past) -> ort.IOBinding:
-        binding = self.session.io_binding()
+        # One binding, reused: creating one costs more than a small model's whole step.
+        if self._binding is None:
+            self._binding = self.session.io_binding()
+        binding = self._binding
         binding.bind_cpu_input("input_ids", input_ids.astype(self.ids_dtype, copy=False))
         binding.bind_cpu_input("attention_mask", attention_mask.astype(self.mask_dtype, copy=False))
         if self.has_position_ids:

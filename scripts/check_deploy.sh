@@ -3,12 +3,14 @@
 #   docker-compose*.yml    against the Compose Specification's JSON Schema (check-jsonschema's bundled copy)
 #   services/*/Dockerfile  with hadolint; every service with a __main__ must have one
 #   deploy/kubernetes/     rendered by `kubectl kustomize` (base and every overlay) when kubectl is installed,
-#                          then validated against the Kubernetes API schemas bundled in kubernetes-validate
+#                          then validated against the Kubernetes API schemas bundled in kubernetes-validate, for
+#                          the oldest Kubernetes we support (1.27: gRPC probes are GA) and the newest it bundles
 # Installs its tools into .venv when they are missing. Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV_BIN=.venv/bin
+KUBERNETES_VERSIONS="1.27.0 1.37.0"
 PY="$VENV_BIN/python"
 test -x "$PY" || { echo "check_deploy: no .venv (run make dev)" >&2; exit 1; }
 if ! { test -x "$VENV_BIN/check-jsonschema" && test -x "$VENV_BIN/hadolint" && test -x "$VENV_BIN/kubernetes-validate"; }; then
@@ -49,12 +51,20 @@ if command -v kubectl >/dev/null; then
         "${OFFLINE[@]}" kubectl kustomize "$dir" > "$out"
         echo "rendered $dir ($(grep -c '^kind:' "$out") resources)"
     done
-    "${OFFLINE[@]}" "$VENV_BIN/kubernetes-validate" --strict --quiet "$rendered"/*.yaml
+    for version in $KUBERNETES_VERSIONS; do
+        "${OFFLINE[@]}" "$VENV_BIN/kubernetes-validate" --strict --quiet -k "$version" "$rendered"/*.yaml
+        echo "ok -- valid for Kubernetes $version"
+    done
 else
     echo "check_deploy: kubectl not installed: validating the base's files as written, overlays not rendered"
-    "${OFFLINE[@]}" "$VENV_BIN/kubernetes-validate" --strict --quiet \
-        $(ls deploy/kubernetes/base/*.yaml | grep -v '/kustomization.yaml$')
+    manifests=()
+    for path in deploy/kubernetes/base/*.yaml; do
+        [ "$(basename "$path")" = kustomization.yaml ] || manifests+=("$path")
+    done
+    for version in $KUBERNETES_VERSIONS; do
+        "${OFFLINE[@]}" "$VENV_BIN/kubernetes-validate" --strict --quiet -k "$version" "${manifests[@]}"
+        echo "ok -- valid for Kubernetes $version"
+    done
 fi
-echo "ok -- deploy/kubernetes"
 
 echo "check_deploy: all deployment files valid"

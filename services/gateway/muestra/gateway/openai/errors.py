@@ -73,7 +73,7 @@ def from_muestra(exc: MuestraError, renames: Mapping[str, str] | None = None) ->
         field = match.group(1) if match else None
     param = rename_field(field, renames or {}) if field else None
     if param and field and param != field and message.startswith(field):
-        message = param + message[len(field) :]
+        message = f"{param} ({field}){message[len(field) :]}"
     if status == 404 and param == "model":
         code = "model_not_found"
     return OpenAIError(status, message, type_, param, code)

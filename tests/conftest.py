@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.harness import RedisServer
+
+# Test gateways keep the HTTP API off unless a test asks for it with --http-port (a flag beats
+# this variable), so that no two of them compete for the default port.
+os.environ.setdefault("MUESTRA_GATEWAY_HTTP_PORT", "-1")
 
 pytest_plugins = [
     "tests.fixtures.diffusion_models",

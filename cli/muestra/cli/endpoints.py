@@ -6,6 +6,8 @@ import os
 
 # Offsets from the base port (`muestra up --base-port`); only the gateway is meant to be public.
 SERVICE_PORT_OFFSETS = {"gateway": 0, "tokenizer": 1, "lm": 2, "diffusion": 3}
+# The gateway's OpenAI-compatible HTTP API.
+HTTP_PORT = 8000
 DEFAULT_BASE_PORT = 50051
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from muestra.cli.endpoints import DEFAULT_BASE_PORT, SERVICE_PORT_OFFSETS
+from muestra.cli.endpoints import DEFAULT_BASE_PORT, HTTP_PORT, SERVICE_PORT_OFFSETS
 
 # Services stop by themselves when this process goes away (see muestra.runtime.server). No
 # preexec_fn/PR_SET_PDEATHSIG: forking a process that runs gRPC threads can deadlock.
@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
         "--image-model",
         default=os.environ.get("MUESTRA_DIFFUSION_MODEL"),
         help="image model folder [MUESTRA_DIFFUSION_MODEL]",
+    )
+    parser.add_argument(
+        "--http-port", type=int, default=HTTP_PORT, help=f"gateway's OpenAI-compatible HTTP port (default {HTTP_PORT})"
     )
     parser.add_argument("--only", default="", help="comma-separated services to start (default: all installed)")
     parser.add_argument("--log-dir", default=None, help="where service logs go (default: a new temporary folder)")
@@ -180,6 +183,8 @@ def plan(args, env: dict) -> tuple[list[Child], list[str]]:
         if name == "gateway":
             started = {c.name: c.address for c in children}
             extra = [f"--{svc}-addr={started[svc]}" for svc in ("tokenizer", "lm", "diffusion") if svc in started]
+            http_port = free_port(args.host) if args.base_port == 0 else args.http_port
+            extra += [f"--http-port={http_port}"]
         host, _, service_port = addresses[name].rpartition(":")
         command = [sys.executable, "-m", f"muestra.{name}", "--host", host, "--port", service_port, *extra]
         command += ["--grace-period-s", str(args.grace_period), "--metrics-port", "0"]
@@ -225,6 +230,9 @@ def run(args) -> int:
                     return 1
                 time.sleep(0.2)
             print(f"muestra up: {child.name:<10} serving on {child.address} (pid {child.proc.pid})", flush=True)
+            if child.name == "gateway":
+                http = next(a.split("=", 1)[1] for a in child.command if a.startswith("--http-port="))
+                print(f"muestra up: OpenAI API on http://{args.host}:{http}/v1", flush=True)
         print(f"muestra up: all services healthy; logs in {log_dir}; Ctrl-C stops them", flush=True)
         while not stopping:
             for child in children:

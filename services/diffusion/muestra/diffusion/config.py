@@ -38,3 +38,9 @@ class DiffusionConfig(ServiceConfig):
     max_queue: int = dataclasses.field(
         default=16, metadata={"help": "requests that may wait while one runs; more get RESOURCE_EXHAUSTED"}
     )
+    redis_url: str = dataclasses.field(
+        default="", metadata={"help": "Redis for the text-embedding cache, e.g. redis://127.0.0.1:6379/0 (empty: off)"}
+    )
+    text_embedding_ttl_s: int = dataclasses.field(
+        default=7 * 24 * 3600, metadata={"help": "seconds a cached text embedding lives in Redis (0: no TTL)"}
+    )

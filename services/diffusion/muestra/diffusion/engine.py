@@ -17,6 +17,7 @@ import transformers
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
+from muestra.diffusion.embeddings import TextEmbeddingCache, embedding_key, text_encoder_fingerprint
 from muestra.diffusion.metrics import DENOISE_STEPS
 from muestra.diffusion.preview import SDXL_BIAS, SDXL_FACTORS, LatentPreview
 
@@ -83,6 +84,28 @@ class DiffusionEngine:
         call = inspect.signature(type(pipe).__call__).parameters
         self.default_steps = int(call["num_inference_steps"].default)
         self.default_guidance_scale = float(call["guidance_scale"].default)
+        self.embedding_cache: TextEmbeddingCache | None = None
+        self._fingerprint = b""
+
+    def use_embedding_cache(self, cache: TextEmbeddingCache, folder: str | Path) -> None:
+        """Look up text-encoder outputs in `cache` (Stable Diffusion 1.x/2.x only; SDXL encodes as usual)."""
+        if self.pipeline_class != "StableDiffusionPipeline":
+            log.info("text-embedding cache not used: %s has two text encoders and pooled outputs", self.pipeline_class)
+            return
+        self._fingerprint = text_encoder_fingerprint(Path(folder), self.dtype, self.device)
+        self.embedding_cache = cache
+
+    def _text_embeddings(self, text: str) -> torch.Tensor:
+        """The text encoder's output for `text`, exactly as the pipeline computes it, through the cache."""
+        tokenizer = self.pipe.tokenizer
+        ids = tokenizer(text, padding="max_length", max_length=tokenizer.model_max_length, truncation=True).input_ids
+        key = embedding_key(self._fingerprint, ids)
+        cached = self.embedding_cache.get(key)
+        if cached is not None:
+            return cached.to(self.device)
+        embeddings, _ = self.pipe.encode_prompt(text, self.device, 1, False)
+        self.embedding_cache.put(key, embeddings)
+        return embeddings
 
     @classmethod
     def load(cls, path: str | Path, name: str = "", device: str = "auto", dtype: str = "auto") -> DiffusionEngine:
@@ -141,10 +164,15 @@ class DiffusionEngine:
                 raise GenerationCancelled(f"stopped after step {steps_done} of {job.steps}")
             return tensors
 
+        text: dict[str, Any] = {"prompt": job.prompt, "negative_prompt": job.negative_prompt or None}
+        if self.embedding_cache is not None:
+            guided = job.guidance_scale > 1 and self.pipe.unet.config.time_cond_proj_dim is None
+            text = {"prompt_embeds": self._text_embeddings(job.prompt)}
+            if guided:  # the pipeline's unconditional input: the negative prompt, or ""
+                text["negative_prompt_embeds"] = self._text_embeddings(job.negative_prompt)
         try:
             result = self.pipe(
-                prompt=job.prompt,
-                negative_prompt=job.negative_prompt or None,
+                **text,
                 width=job.width,
                 height=job.height,
                 num_inference_steps=job.steps,

@@ -9,6 +9,7 @@ import time
 import grpc
 
 from muestra.diffusion.config import DiffusionConfig
+from muestra.diffusion.embeddings import RedisTextEmbeddingCache
 from muestra.diffusion.engine import DiffusionEngine
 from muestra.diffusion.params import Defaults, Limits, parse_image_request
 from muestra.diffusion.registry import SchedulerRegistry, load_scheduler_registry
@@ -120,6 +121,8 @@ def build_service(config: DiffusionConfig) -> ServiceSpec:
     if not config.model:
         raise SystemExit("--model is required (or MUESTRA_DIFFUSION_MODEL): a diffusers text-to-image folder")
     engine = DiffusionEngine.load(config.model, config.model_name, config.device, config.dtype)
+    if config.redis_url:
+        engine.use_embedding_cache(RedisTextEmbeddingCache(config.redis_url, config.text_embedding_ttl_s), config.model)
     registry = load_scheduler_registry()
     registry.keep_buildable(engine.base_scheduler_config)
     servicer = DiffusionServicer(engine, registry, config)

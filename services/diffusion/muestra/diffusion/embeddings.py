@@ -1,0 +1,127 @@
+"""An optional Redis cache of text-encoder outputs, under the same key rules as the prefix KV cache.
+
+A key hashes a model fingerprint (the text encoder's weight files, its dtype and device type) with the
+prompt's token ids, so equal prompts give equal keys on every replica and after every restart. A value is a
+one-line JSON header (format version, dtype, shape, SHA-256 of the payload) followed by the tensor's raw
+bytes; never pickle. A corrupt or foreign entry is a miss. Redis being down or slow makes every lookup a miss,
+logged and counted; no request fails because of the cache. Eviction is Redis's own (maxmemory + LRU, TTLs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from prometheus_client import Counter
+
+log = logging.getLogger("muestra.diffusion.embeddings")
+
+FORMAT_VERSION = 1
+KEY_PREFIX = "muestra:diffusion:text-embedding:v1:"
+QUERIES = Counter("muestra_diffusion_text_embedding_cache_queries_total", "Text-embedding cache lookups")
+HITS = Counter("muestra_diffusion_text_embedding_cache_hits_total", "Text-embedding cache lookups that hit")
+ERRORS = Counter(
+    "muestra_diffusion_text_embedding_cache_errors_total", "Cache reads or writes that failed (Redis down or slow)"
+)
+CORRUPT = Counter("muestra_diffusion_text_embedding_cache_corrupt_total", "Entries ignored as corrupt or foreign")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class TextEmbeddingCache(Protocol):
+    """Where the engine looks up and stores text-encoder outputs."""
+
+    def get(self, key: str) -> torch.Tensor | None: ...
+
+    def put(self, key: str, embeddings: torch.Tensor) -> None: ...
+
+
+def text_encoder_fingerprint(folder: Path, dtype: torch.dtype, device: torch.device) -> bytes:
+    """SHA-256 over the text encoder's files (names and bytes), its dtype and its device type."""
+    digest = hashlib.sha256(f"{dtype}|{device.type}".encode())
+    for path in sorted(p for p in (folder / "text_encoder").rglob("*") if p.is_file()):
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+    return digest.digest()
+
+
+def embedding_key(fingerprint: bytes, token_ids: list[int]) -> str:
+    ids = np.asarray(token_ids, dtype="<i8").tobytes()
+    return KEY_PREFIX + hashlib.sha256(fingerprint + ids).hexdigest()
+
+
+def encode_entry(embeddings: torch.Tensor) -> bytes:
+    array = embeddings.detach().to("cpu").contiguous()
+    payload = array.reshape(-1).view(torch.uint8).numpy().tobytes()
+    header = {
+        "v": FORMAT_VERSION,
+        "dtype": str(array.dtype).removeprefix("torch."),
+        "shape": list(array.shape),
+        "sha256": hashlib.sha256(payload).hexdigest(),
+    }
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+
+
+def decode_entry(blob: bytes) -> torch.Tensor | None:
+    """The tensor in `blob`, or None when the entry is corrupt or in a format this code does not know."""
+    try:
+        head, _, payload = blob.partition(b"\n")
+        header = json.loads(head)
+        dtype = _DTYPES[header["dtype"]]
+        shape = [int(n) for n in header["shape"]]
+        if header["v"] != FORMAT_VERSION or hashlib.sha256(payload).hexdigest() != header["sha256"]:
+            return None
+        raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        return raw.view(dtype).reshape(shape).clone()
+    except (ValueError, KeyError, TypeError, RuntimeError):
+        return None
+
+
+class RedisTextEmbeddingCache:
+    """TextEmbeddingCache on Redis, with short timeouts; failures are misses."""
+
+    def __init__(self, url: str, ttl_s: int, timeout_s: float = 0.25) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self.ttl_s = ttl_s
+        self._last_error_log = 0.0
+
+    def _failed(self, action: str, exc: Exception) -> None:
+        ERRORS.inc()
+        if time.monotonic() - self._last_error_log > 30:  # one line per 30 s while Redis is down
+            self._last_error_log = time.monotonic()
+            log.warning("text-embedding cache %s failed (%s); computing without the cache", action, exc)
+
+    def get(self, key: str) -> torch.Tensor | None:
+        import redis
+
+        QUERIES.inc()
+        try:
+            blob = self.client.get(key)
+        except redis.RedisError as exc:
+            self._failed("read", exc)
+            return None
+        if blob is None:
+            return None
+        embeddings = decode_entry(blob)
+        if embeddings is None:
+            CORRUPT.inc()
+            return None
+        HITS.inc()
+        return embeddings
+
+    def put(self, key: str, embeddings: torch.Tensor) -> None:
+        import redis
+
+        try:
+            self.client.set(key, encode_entry(embeddings), ex=self.ttl_s if self.ttl_s > 0 else None)
+        except redis.RedisError as exc:
+            self._failed("write", exc)

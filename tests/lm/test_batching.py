@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from muestra.v1 import lm_pb2
 from tests.lm.lm_client import decode, logits, prefill, prompts
@@ -14,8 +15,9 @@ def describe(stub) -> lm_pb2.DescribeModelResponse:
     return stub.Describe(lm_pb2.DescribeModelRequest())
 
 
-def test_row_logits_are_the_same_alone_and_while_rows_join_and_leave(lm_service):
-    stub = lm_service("llama").stub
+@pytest.mark.parametrize("model", ["llama", "llama-gqa"], ids=["concat-kv", "shared-kv"])
+def test_row_logits_are_the_same_alone_and_while_rows_join_and_leave(lm_service, model):
+    stub = lm_service(model).stub
     a, b, c = prompts([5, 13, 8], VOCAB, seed=3)
     # Row A alone: one prefill and six steps, feeding a fixed token sequence.
     feed = prompts([6], VOCAB, seed=4)[0]
@@ -50,8 +52,9 @@ def test_row_logits_are_the_same_alone_and_while_rows_join_and_leave(lm_service)
         assert np.abs(x - y).max() <= 1e-4, f"step {step}"
 
 
-def test_filter_with_repeated_rows_copies_them(lm_service):
-    stub = lm_service("llama").stub
+@pytest.mark.parametrize("model", ["llama", "llama-gqa"], ids=["concat-kv", "shared-kv"])
+def test_filter_with_repeated_rows_copies_them(lm_service, model):
+    stub = lm_service(model).stub
     batch = prompts([4, 10], VOCAB, seed=5)
     original = prefill(stub, batch)
     copy = prefill(stub, batch)

@@ -43,3 +43,11 @@ def test_fingerprint_is_stable_across_restarts_and_differs_between_models(lm_ser
     assert again == running
     assert describe(lm_service("gpt2").stub).fingerprint != running
     assert describe(lm_service("qwen2").stub).fingerprint != running
+    # The same weights in the other KV layout are another model to a prefix cache.
+    assert describe(lm_service("llama-gqa").stub).fingerprint != running
+
+
+def test_a_group_query_attention_graph_is_served_with_a_shared_kv_buffer(lm_service):
+    info = describe(lm_service("llama-gqa").stub)
+    assert info.kv.storage == "shared"
+    assert (info.kv.num_layers, info.kv.num_kv_heads, info.kv.head_dim) == (2, 2, 16)

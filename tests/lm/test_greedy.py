@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from muestra.v1 import lm_pb2
-from tests.fixtures.lm_models import LM_FAMILIES
+from tests.fixtures.lm_service import SERVED_MODELS
 from tests.lm.lm_client import decode, prefill, prompts
 
 MAX_NEW_TOKENS = 24
@@ -46,10 +46,10 @@ def service_greedy(stub, prompt_batch: list[list[int]], eos: set[int]) -> list[l
     return generated
 
 
-@pytest.mark.parametrize("family", LM_FAMILIES)
-def test_greedy_tokens_equal_transformers_generate(lm_service, tiny_lm, family):
+@pytest.mark.parametrize("family", SERVED_MODELS)
+def test_greedy_tokens_equal_transformers_generate(lm_service, served_lm, family):
     service = lm_service(family)
-    model = tiny_lm(family).torch_model()
+    model = served_lm(family).torch_model()
     eos = set(service.stub.Describe(lm_pb2.DescribeModelRequest()).eos_token_ids)
     batch = prompts([9, 4, 15], model.config.vocab_size, seed=7)
     expected = [transformers_greedy(model, p) for p in batch]

@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.fixtures.lm_models import LM_FAMILIES
+from tests.fixtures.lm_service import SERVED_MODELS
 from tests.lm.lm_client import decode, logits, prefill, prompts, torch_last_logits
 
 STEPS = 12
 
 
-@pytest.mark.parametrize("family", LM_FAMILIES)
+@pytest.mark.parametrize("family", SERVED_MODELS)
 @pytest.mark.parametrize("lengths", [(7,), (3, 11, 6)], ids=["batch-1", "left-padded-batch"])
-def test_cached_decode_logits_equal_full_recompute_at_every_step(lm_service, tiny_lm, family, lengths):
+def test_cached_decode_logits_equal_full_recompute_at_every_step(lm_service, served_lm, family, lengths):
     service = lm_service(family)
-    model = tiny_lm(family).torch_model()
+    model = served_lm(family).torch_model()
     sequences = prompts(lengths, model.config.vocab_size, seed=len(lengths))
     reply = prefill(service.stub, sequences)
     worst = 0.0

@@ -8,21 +8,22 @@ import pytest
 from muestra.lm.engine import DecodeInput, Engine, PrefillInput
 from muestra.lm.model import OnnxDecoder
 from muestra.v1 import lm_pb2
-from tests.fixtures.lm_models import LM_FAMILIES, MAX_POSITIONS
+from tests.fixtures.lm_models import MAX_POSITIONS
+from tests.fixtures.lm_service import SERVED_MODELS
 from tests.lm.lm_client import prompts
 
 FULL = (lm_pb2.LOGITS, 0)
 
 
-@pytest.mark.parametrize("family", LM_FAMILIES)
-def test_prefill_after_a_given_past_equals_prefilling_the_whole_prompt(tiny_lm, family):
-    decoder = OnnxDecoder(tiny_lm(family).onnx_dir, providers="cpu", intra_op_threads=1, context_length=MAX_POSITIONS)
+@pytest.mark.parametrize("family", SERVED_MODELS)
+def test_prefill_after_a_given_past_equals_prefilling_the_whole_prompt(served_lm, family):
+    decoder = OnnxDecoder(served_lm(family).onnx_dir, providers="cpu", intra_op_threads=1, context_length=MAX_POSITIONS)
     engine = Engine(decoder, max_batch_rows=8, kv_budget_bytes=1 << 30, max_top_n=8)
     head, tail, other = (np.array(p) for p in prompts([9, 4, 6], decoder.info.vocab_size, seed=11))
     whole_prompt = np.concatenate([head, tail])
     whole = engine.prefill([PrefillInput("whole", whole_prompt, FULL), PrefillInput("other", other, FULL)])
     first = engine.prefill([PrefillInput("head", head, FULL)])
-    past = [tensor[0] for tensor in engine.batches[first.batch_id].kv.host_arrays()]
+    past = engine.batches[first.batch_id].kv.row_arrays(0, len(head))
     # The row with a past comes first: the engine runs it apart and must restore the row order.
     split = engine.prefill([PrefillInput("tail", tail, FULL, past=past), PrefillInput("other", other, FULL)])
     assert np.abs(split.logits[0] - whole.logits[0]).max() <= 1e-4

@@ -91,6 +91,10 @@ class Engine:
             )
         return batch
 
+    def _bytes_for(self, lengths: Sequence[int]) -> int:
+        """KV bytes a batch of rows holding these lengths takes in this model's storage."""
+        return self.decoder.storage_cls.bytes_for(lengths, self.info.kv_bytes_per_token, self.info.context_length)
+
     def _reserve(self, call: str, freed: int, needed: int, transient: int = 0) -> None:
         after = self._kv_bytes - freed + needed
         if after + transient > self.kv_budget_bytes:
@@ -130,7 +134,7 @@ class Engine:
         transient = 0
         if self.decoder.logits_all and fresh:
             transient = len(fresh) * max(fresh) * self.info.vocab_size * 4
-        self._reserve("Prefill", 0, Batch.padded_bytes(lengths, self.info.kv_bytes_per_token), transient)
+        self._reserve("Prefill", 0, self._bytes_for(lengths), transient)
         batch, logits, forward_us = Batch.from_prefill(
             self.decoder,
             [r.input_ids for r in rows],
@@ -174,7 +178,7 @@ class Engine:
             )
         lengths = np.concatenate([b.lengths for b in batches]) + 1
         freed = sum(self._sizes[item.batch_id][0] for item in items)
-        self._reserve("Decode", freed, Batch.padded_bytes(lengths.tolist(), self.info.kv_bytes_per_token))
+        self._reserve("Decode", freed, self._bytes_for(lengths.tolist()))
 
         # A joined copy replaces the originals only once its step has succeeded.
         batch = batches[0] if len(batches) == 1 else Batch.concatenate(self.decoder, batches)
@@ -198,8 +202,7 @@ class Engine:
         if not rows:
             self._drop(batch_id)
             return "", 0
-        keep = int(batch.lengths[list(rows)].max())
-        self._reserve("Filter", batch.nbytes, len(rows) * keep * self.info.kv_bytes_per_token)
+        self._reserve("Filter", self._sizes[batch_id][0], self._bytes_for(batch.lengths[list(rows)].tolist()))
         return self._store(batch.filter(self.decoder, rows), [batch_id]), len(rows)
 
     def _drop(self, batch_id: str) -> None:

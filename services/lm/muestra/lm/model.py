@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from muestra.lm.kv import ConcatKV, SharedKV
+
 log = logging.getLogger("muestra.lm")
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
@@ -120,11 +122,8 @@ class OnnxDecoder:
         if not config:
             raise ModelFolderError(f"{folder} has no config.json")
         generation_config = _read_json(folder / "generation_config.json")
-        if _uses_op(onnx_path, b"GroupQueryAttention"):
-            raise ModelFolderError(
-                "model.onnx uses GroupQueryAttention (the shared past/present buffer layout); "
-                "this lm service serves the concat layout (optimum text-generation-with-past) only"
-            )
+        # GroupQueryAttention graphs take one buffer as both past and present; others concatenate.
+        self.storage_cls = SharedKV if _uses_op(onnx_path, b"GroupQueryAttention") else ConcatKV
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -176,16 +175,29 @@ class OnnxDecoder:
         self._binding: ort.IOBinding | None = None
 
         # The graph's dims may be symbolic: one real two-token step tells vocab, kv heads, head dim,
-        # and whether logits come for every position or only the last, for sure.
+        # and whether logits come for every position or only the last, for sure. A shared buffer
+        # must be sized before the step, from config.json where the graph leaves a dim symbolic.
         heads, head_dim = past0.shape[1], past0.shape[3]
-        heads = heads if isinstance(heads, int) else 1
-        head_dim = head_dim if isinstance(head_dim, int) else 1
-        self.num_kv_heads, self.head_dim = heads, head_dim
-        probe = np.zeros((1, 2), np.int64)
-        positions = np.arange(2, dtype=np.int64)[None, :]
-        binding = self._bind(probe, np.ones((1, 2), np.int64), positions, self.empty_past(1, heads, head_dim))
-        self.session.run_with_iobinding(binding)
+        if not isinstance(heads, int):
+            heads = int(config.get("num_key_value_heads") or config.get("num_attention_heads") or 1)
+        if not isinstance(head_dim, int):
+            attention_heads = config.get("num_attention_heads") or 1
+            head_dim = int(config.get("head_dim") or (config.get("hidden_size") or attention_heads) // attention_heads)
+        shared = self.storage_cls.shares_buffer
+        probe_past = [np.zeros((1, heads, 4 if shared else 0, head_dim), kv_dtype) for _ in self.past_names]
+        past_values = [self.to_device(a) for a in probe_past]
+        binding = self._bind(
+            np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), np.arange(2)[None, :], past_values, shared
+        )
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as exc:  # onnxruntime raises untyped errors
+            raise ModelFolderError(
+                f"a two-token test step failed ({self.storage_cls.storage} KV layout): {exc}"
+            ) from exc
         logits, *presents = binding.get_outputs()
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
         self.logits_all = logits.shape()[1] != 1
         present_shape = presents[0].shape()
         self.num_kv_heads, self.head_dim = int(present_shape[1]), int(present_shape[3])
@@ -200,8 +212,9 @@ class OnnxDecoder:
         eos = generation_config.get("eos_token_id", config.get("eos_token_id"))
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
 
+        self.context_length = context
         onnx_files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith("model.onnx"))
-        storage = "concat"
+        storage = self.storage_cls.storage
         layout = f"{storage}:{len(layers)}x{self.num_kv_heads}x{self.head_dim}"
         self.info = ModelInfo(
             name=name or folder.resolve().name,
@@ -218,14 +231,15 @@ class OnnxDecoder:
             generation_config_json=json.dumps(generation_config, sort_keys=True),
             providers=tuple(in_use),
         )
+        self.kv_bytes_per_token = self.info.kv_bytes_per_token
 
     def to_device(self, array: np.ndarray) -> ort.OrtValue:
         """An OrtValue on the session's device (on CPU it shares the array's memory)."""
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0)
 
-    def empty_past(self, rows: int, heads: int | None = None, head_dim: int | None = None) -> list[ort.OrtValue]:
-        shape = (rows, heads or self.num_kv_heads, 0, head_dim or self.head_dim)
-        return [self.to_device(np.zeros(shape, self.kv_dtype)) for _ in self.past_names]
+    def empty_row_past(self) -> list[np.ndarray]:
+        """A row's KV before its first token: one [kv_heads, 0, head_dim] array per past input."""
+        return [np.zeros((self.num_kv_heads, 0, self.head_dim), self.kv_dtype) for _ in self.past_names]
 
     def forward(
         self,
@@ -233,9 +247,15 @@ class OnnxDecoder:
         attention_mask: np.ndarray,
         position_ids: np.ndarray | None,
         past: list[ort.OrtValue],
+        share: bool = False,
+        last: np.ndarray | None = None,
     ) -> tuple[np.ndarray, list[ort.OrtValue], int]:
-        """One step: logits of each row's last position (float32 [rows, vocab]), presents, microseconds."""
-        binding = self._bind(input_ids, attention_mask, position_ids, past)
+        """One step: each row's last logits (float32 [rows, vocab]), the presents, microseconds.
+
+        `share` binds each past buffer as its present too (the graph writes in place); `last`
+        gives each row's position of its last token in the step (default: the step's last).
+        """
+        binding = self._bind(input_ids, attention_mask, position_ids, past, share)
         started = time.perf_counter()
         self.session.run_with_iobinding(binding)
         forward_us = int((time.perf_counter() - started) * 1e6)
@@ -243,10 +263,14 @@ class OnnxDecoder:
         # The binding must not keep the past (or these presents) alive once the batch drops them.
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
-        last = np.array(values[0].numpy()[:, -1, :], dtype=np.float32)
-        return last, list(values[1:]), forward_us
+        logits = values[0].numpy()
+        if last is None or logits.shape[1] == 1:
+            picked = logits[:, -1, :]
+        else:
+            picked = logits[np.arange(logits.shape[0]), last, :]
+        return np.array(picked, dtype=np.float32), list(values[1:]), forward_us
 
-    def _bind(self, input_ids, attention_mask, position_ids, past) -> ort.IOBinding:
+    def _bind(self, input_ids, attention_mask, position_ids, past, share: bool = False) -> ort.IOBinding:
         # One binding, reused: creating one costs more than a small model's whole step.
         if self._binding is None:
             self._binding = self.session.io_binding()
@@ -258,6 +282,9 @@ class OnnxDecoder:
         for name, value in zip(self.past_names, past, strict=True):
             binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits", "cpu")
-        for name in self.present_names:
-            binding.bind_output(name, self.device)
+        for name, value in zip(self.present_names, past, strict=True):
+            if share:
+                binding.bind_ortvalue_output(name, value)
+            else:
+                binding.bind_output(name, self.device)
         return binding

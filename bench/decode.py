@@ -25,6 +25,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -43,6 +44,7 @@ NAMES = {
     "bare": "bare ORT loop",
     "service": "lm over gRPC",
     "iobinding": "bare + IO binding",
+    "service_shared": "lm over gRPC, shared buffer (genai graph)",
     "shared": "bare, shared buffer (genai graph)",
     "genai": "onnxruntime-genai",
     "transformers": "transformers generate",
@@ -74,6 +76,9 @@ def genai_model(name: str, hf_dir: Path) -> Path:
         with tempfile.TemporaryDirectory(prefix="genai-build-") as cache:
             options = ["-i", str(hf_dir), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", cache]
             subprocess.run([*builder, *options], check=True, capture_output=True)
+    # The lm service serves genai's folder too; it reads the context length and eos from these.
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy2(hf_dir / name, out / name)
     return out
 
 
@@ -107,8 +112,11 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
         "service": service,
         "iobinding": IoBindingLoop(onnx_dir, args.threads),
     }
+    services = [service]
     if genai_dir is not None:
         loops["shared"] = SharedBufferLoop(genai_dir, args.threads)
+        loops["service_shared"] = ServiceLoop(genai_dir, args.threads, log_dir)
+        services.append(loops["service_shared"])
     torch_loop = TorchLoop(hf_dir)
     try:
         # Same weights, same greedy tokens? (Random weights leave near-ties, so float noise may flip one.)
@@ -121,7 +129,7 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
         result["tokens_per_s"] = {k: args.chunk / s for k, s in seconds.items()}
 
         if not name.endswith("tiny"):
-            batch_loops = {"bare": loops["bare"], "service": service}
+            batch_loops = {k: loops[k] for k in ("bare", "service", "service_shared") if k in loops}
             result["batch_tokens_per_s"] = {}
             for b in BATCHES:
                 seconds = fastest_chunks(batch_loops, np.repeat(prompt, b, 0), args.chunk, args.repeats)
@@ -148,7 +156,8 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
             except (subprocess.CalledProcessError, OSError, ValueError) as exc:
                 result["genai_error"] = f"{exc}: {str(getattr(exc, 'stderr', ''))[-400:]}"
     finally:
-        service.close()
+        for running in services:
+            running.close()
     return result
 
 
@@ -197,7 +206,7 @@ def markdown(results: list[dict], args) -> str:
         rows = r.get("batch_tokens_per_s")
         if not rows:
             continue
-        for key in ("service", "bare"):
+        for key in [k for k in ("service", "service_shared", "bare") if k in rows[1]]:
             cells = [f"{rows[b][key]:.1f} ({rows[b][key] / rows[1][key]:.2f}x)" for b in BATCHES]
             lines.append(f"| {r['model']} | {NAMES[key]} | " + " | ".join(cells) + " |")
         genai_batches = r.get("genai", {}).get("batch_tokens_per_s")

@@ -151,6 +151,9 @@ def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) 
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # FastAPI wraps what goes wrong while it reads the body (BodyTooLarge from the Edge) in a 400.
+        if isinstance(exc.__cause__, OpenAIError):
+            return JSONResponse(exc.__cause__.body(), status_code=exc.__cause__.status)
         error = OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=None)
         return JSONResponse(error.body(), status_code=exc.status_code)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -174,6 +175,29 @@ def test_closing_a_stream_mid_way_frees_the_lm_rows(client, stack):
     while stack.lm_rows() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert stack.lm_rows() == 0
+
+
+def test_a_client_leaving_a_non_streamed_request_frees_the_lm_rows(stack):
+    host, port = stack.base_url.removeprefix("http://").removesuffix("/v1").split(":")
+    body = json.dumps({"model": "", "prompt": PROMPT, "max_tokens": 450, "temperature": 1.0, "ignore_eos": True})
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request(
+        "POST", "/v1/completions", body=body,
+        headers={"Authorization": f"Bearer {stack.api_key}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not stack.lm_rows():
+        assert time.monotonic() < deadline, "the generation never started"
+        time.sleep(0.01)
+    connection.sock.shutdown(socket.SHUT_RDWR)
+    connection.close()
+    deadline = time.monotonic() + 5
+    while stack.lm_rows() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stack.lm_rows() == 0
+    while "HTTP POST /v1/completions 499" not in stack.gateway.log_path.read_text():
+        assert time.monotonic() < deadline + 5, stack.gateway.log_tail()
+        time.sleep(0.05)
 
 
 def test_a_full_queue_is_429_and_the_gateway_keeps_serving(text_stack):

@@ -346,7 +346,7 @@ class ReplicaScheduler:
         active = [
             row
             for row in rows
-            if isinstance(row, Sequence) and not row.done_sent and (row.detok.pending or row.finished)
+            if isinstance(row, Sequence) and not row.done_sent and (row.detok.pending or row.finished or row.unsent_ids)
         ]
         if not active:
             return

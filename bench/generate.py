@@ -1,0 +1,192 @@
+"""End-to-end streaming through the gateway (tokenizer + lm + gateway processes on loopback).
+
+    .venv/bin/python bench/generate.py                      # gpt2-124m and llama-tiny
+    .venv/bin/python bench/generate.py --models llama-tiny --tokens 64
+
+Reports, per model, against baselines measured in the same run:
+- single-stream decode tokens/s through the gateway vs a bare in-process onnxruntime greedy loop;
+- aggregate tokens/s at 1, 4, 8 and 16 concurrent streams (and the ratio to one stream);
+- time to first token and inter-token latency, p50 and p95, as the client sees them;
+- 8 concurrent streams vs transformers generate serving the same 8 requests one after another.
+Greedy decoding with ignore_eos, so every stream produces exactly --tokens tokens. The CPUs are
+shared; each figure is the best of --repeats rounds, the contenders interleaved round by round.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from bench import decode_models  # noqa: E402
+from bench.decode_loops import BareLoop, TorchLoop  # noqa: E402
+from muestra.client import Client  # noqa: E402
+from tests.harness import ServiceProcess  # noqa: E402
+
+CONCURRENCY = (1, 4, 8, 16)
+PROMPT_WORDS = 16
+
+
+def prompt_ids(index: int, vocab: int) -> np.ndarray:
+    """PROMPT_WORDS ids that the bench tokenizer spells as words (w3…), different per stream."""
+    return np.random.default_rng(index).integers(3, min(vocab, 4096), PROMPT_WORDS)
+
+
+def prompt_text(index: int, vocab: int) -> str:
+    return " ".join(f"w{i}" for i in prompt_ids(index, vocab))
+
+
+class Stack:
+    def __init__(self, onnx_dir: Path, threads: int, log_dir: Path, vocab: int) -> None:
+        self.vocab = vocab
+        quiet = ["--log-level", "WARNING"]
+        self.tokenizer = ServiceProcess("tokenizer", ["--models", str(onnx_dir), *quiet], log_dir)
+        lm_args = ["--model", str(onnx_dir), "--providers", "cpu", "--intra-op-threads", str(threads)]
+        self.lm = ServiceProcess("lm", [*lm_args, "--max-batch-rows", "64", *quiet], log_dir)
+        gateway_args = ["--tokenizer-addr", self.tokenizer.address, "--lm-addr", self.lm.address, "--http-port", "-1"]
+        self.gateway = ServiceProcess("gateway", [*gateway_args, "--max-batch-rows", "64", *quiet], log_dir)
+        self.client = Client(self.gateway.address, timeout=600)
+
+    def stream(self, index: int, tokens: int) -> dict:
+        """One greedy stream; the arrival time of every delta as the client sees it."""
+        started = time.perf_counter()
+        stamps = []
+        generation = self.client.generate(
+            prompt_text(index, self.vocab), max_tokens=tokens, ignore_eos=True, samplers=[{"name": "greedy"}]
+        )
+        for delta in generation:
+            stamps.extend([time.perf_counter()] * len(delta.token_ids))
+        done = generation.completions[0]
+        assert done.completion_tokens == tokens, done
+        return {"started": started, "stamps": stamps}
+
+    def concurrent(self, streams: int, tokens: int) -> list[dict]:
+        results: list[dict] = [{} for _ in range(streams)]
+
+        def run(i: int) -> None:
+            results[i] = self.stream(i, tokens)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return results
+
+    def close(self) -> None:
+        self.client.close()
+        for process in (self.gateway, self.lm, self.tokenizer):
+            process.stop()
+
+
+def decode_rate(result: dict) -> float:
+    """Tokens/s after the first token (what the bare loop's decode steps measure)."""
+    stamps = result["stamps"]
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def aggregate_rate(results: list[dict]) -> float:
+    """All streams' tokens over the wall time from the first request to the last token."""
+    start = min(r["started"] for r in results)
+    end = max(r["stamps"][-1] for r in results)
+    return sum(len(r["stamps"]) for r in results) / (end - start)
+
+
+def bench_model(name: str, args, log_dir: Path) -> dict:
+    hf_dir, onnx_dir = decode_models.build(name)
+    vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+    bare = BareLoop(onnx_dir, args.threads)
+    stack = Stack(onnx_dir, args.threads, log_dir, vocab)
+    try:
+        prompt = prompt_ids(0, vocab)[None]
+        stack.stream(0, 8)  # warm up every process
+        best: dict = {"bare": 0.0, "single": 0.0, **{c: 0.0 for c in CONCURRENCY}}
+        ttft, itl = [], []
+        for _ in range(args.repeats):
+            seconds, _, _ = bare.decode(bare.prefill(prompt), args.tokens - 1)
+            best["bare"] = max(best["bare"], (args.tokens - 1) / seconds)
+            single = stack.stream(0, args.tokens)
+            best["single"] = max(best["single"], decode_rate(single))
+            for streams in CONCURRENCY:
+                results = stack.concurrent(streams, args.tokens)
+                best[streams] = max(best[streams], aggregate_rate(results))
+                for r in results:
+                    ttft.append(r["stamps"][0] - r["started"])
+                    itl.extend(np.diff(r["stamps"]).tolist())
+        # transformers generate serving 8 requests one after another (same weights, same lengths).
+        torch_loop = TorchLoop(hf_dir)
+        started = time.perf_counter()
+        for i in range(8):
+            torch_loop.decode(prompt_ids(i, vocab)[None], args.tokens - 1)
+        transformers_8 = 8 * args.tokens / (time.perf_counter() - started)
+    finally:
+        stack.close()
+    return {
+        "model": name,
+        "parameters": decode_models.parameters(name),
+        "tokens": args.tokens,
+        "bare_tokens_per_s": best["bare"],
+        "gateway_single_tokens_per_s": best["single"],
+        "aggregate_tokens_per_s": {c: best[c] for c in CONCURRENCY},
+        "transformers_sequential_8_tokens_per_s": transformers_8,
+        "ttft_ms": {"p50": 1000 * float(np.percentile(ttft, 50)), "p95": 1000 * float(np.percentile(ttft, 95))},
+        "itl_ms": {"p50": 1000 * float(np.percentile(itl, 50)), "p95": 1000 * float(np.percentile(itl, 95))},
+    }
+
+
+def markdown(results: list[dict]) -> str:
+    lines = [
+        "| model | bare ORT loop tok/s | gateway, 1 stream tok/s | ratio |"
+        + "".join(f" {c} streams tok/s |" for c in CONCURRENCY)
+        + " 8 vs 1 | transformers, 8 one by one tok/s | gateway 8 vs transformers |",
+        "|---|---:|---:|---:|" + "---:|" * len(CONCURRENCY) + "---:|---:|---:|",
+    ]
+    for r in results:
+        agg = r["aggregate_tokens_per_s"]
+        single, bare = r["gateway_single_tokens_per_s"], r["bare_tokens_per_s"]
+        lines.append(
+            f"| {r['model']} ({r['parameters'] / 1e6:.1f}M) | {bare:.1f} | {single:.1f} | {single / bare:.2f}x |"
+            + "".join(f" {agg[c]:.1f} |" for c in CONCURRENCY)
+            + f" {agg[8] / agg[1]:.2f}x | {r['transformers_sequential_8_tokens_per_s']:.1f} |"
+            f" {agg[8] / r['transformers_sequential_8_tokens_per_s']:.2f}x |"
+        )
+    lines += [
+        "",
+        "| model | TTFT p50 ms | TTFT p95 ms | inter-token p50 ms | inter-token p95 ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['model']} | {r['ttft_ms']['p50']:.1f} | {r['ttft_ms']['p95']:.1f} | "
+            f"{r['itl_ms']['p50']:.1f} | {r['itl_ms']['p95']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["gpt2-124m", "llama-tiny"], choices=decode_models.MODELS)
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw figures here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="muestra-bench-generate-") as log_dir:
+        results = [bench_model(name, args, Path(log_dir)) for name in args.models]
+    print(markdown(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

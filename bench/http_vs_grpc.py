@@ -8,8 +8,9 @@ One gateway (with tokenizer and lm processes) per model serves both APIs. The sa
 a plain stub), HTTP SSE read by a bare http.client loop (what the server costs), and HTTP SSE through
 the official openai client (what a user sees). Time to first token is from sending the request to the
 first chunk with text; tokens/s is (tokens - 1) over the time from that chunk to the completion's end.
-Each way runs `--repeats` times, the ways interleaved; a figure is the way's best run (lowest TTFT,
-highest tokens/s: the CPUs are shared, so the best run is the best estimate of an unloaded machine).
+Each way runs `--repeats` times, the ways interleaved (each round starts with the next way); a figure
+is the way's best run (lowest TTFT, highest tokens/s: the CPUs are shared, so the best run is the best
+estimate of an unloaded machine).
 Then `--concurrency` streams at once per way, best of `--rounds` interleaved rounds, give the aggregate
 tokens/s and the median TTFT of the streams. Ratios are HTTP / gRPC from the same run.
 
@@ -194,9 +195,10 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
         texts = {way: run(stack, args.max_tokens)[2] for way, run in RUNNERS.items()}  # also warms up
         same = len(set(texts.values())) == 1
         samples: dict[str, list] = {way: [] for way in WAYS}
-        for _ in range(args.repeats):
-            for way, run in RUNNERS.items():
-                samples[way].append(run(stack, args.max_tokens))
+        order = list(WAYS)
+        for i in range(args.repeats):  # each round starts with another way: no way always follows the same one
+            for way in order[i % len(order) :] + order[: i % len(order)]:
+                samples[way].append(RUNNERS[way](stack, args.max_tokens))
         result = {"model": name, "parameters": decode_models.parameters(name), "same_text": same, "single": {}}
         for way, runs in samples.items():
             result["single"][way] = {
@@ -204,8 +206,8 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
                 "tokens_per_s": max(r[1] for r in runs),
             }
         rounds: dict[str, list] = {way: [] for way in WAYS}
-        for _ in range(args.rounds):
-            for way in WAYS:
+        for i in range(args.rounds):
+            for way in order[i % len(order) :] + order[: i % len(order)]:
                 rounds[way].append(concurrent(way, stack, args.concurrency, args.max_tokens))
         result["concurrent"] = {
             way: {"tokens_per_s": max(r[0] for r in runs), "ttft_ms": min(r[1] for r in runs) * 1000}

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 VOCAB_SIZE = 4096
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
-MODEL_MAX_LENGTH = 2048
+MODEL_MAX_LENGTH = 512  # the default text model's context (max_position_embeddings)
 CORPUS_SHA256 = "abaa56a64551d8eead1b19cbae3c6db443f99f0cab81df07bed3cb75c0db9346"
 
 # ChatML's shape, with <|bos|> opening a turn and <|eos|> closing it (so generation stops at EOS).

@@ -8,7 +8,8 @@ import sys
 import grpc
 import pytest
 
-from muestra.v1 import lm_pb2
+from muestra.v1 import lm_pb2, lm_pb2_grpc
+from tests.harness import ServiceProcess
 from tests.lm.lm_client import decode, prefill, prompts, spec
 
 CONTEXT = 32
@@ -75,7 +76,11 @@ def _with_batch(call):
 
 BAD_INPUT = {
     "empty prompt": (_prefill_rows(lm_pb2.PrefillRow(input_ids=[])), "rows[0].input_ids: the prompt is empty"),
-    "no rows": (_prefill_rows(), "rows: must be between 1 and 16"),
+    "no rows": (_prefill_rows(), "rows: must be between 1 and 16, got 0"),
+    "more rows than max_batch_rows": (
+        _prefill_rows(*[lm_pb2.PrefillRow(input_ids=[3])] * 17),
+        "rows: must be between 1 and 16, got 17",
+    ),
     "token id >= vocab": (
         _prefill_rows(lm_pb2.PrefillRow(input_ids=[5]), lm_pb2.PrefillRow(input_ids=[3, 4, 1024])),
         "rows[1].input_ids[2]: token id 1024 is out of range (vocab_size 1024)",
@@ -118,6 +123,18 @@ def test_bad_input_is_invalid_argument_naming_the_field(stub, case):
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details().startswith(message)
     assert_still_serving(stub)
+
+
+def test_the_model_folder_can_come_from_the_environment(tiny_lm, tmp_path):
+    process = ServiceProcess(
+        "lm", ["--intra-op-threads", "1"], tmp_path, env={"MUESTRA_LM_MODEL": str(tiny_lm("gpt2").onnx_dir)}
+    )
+    try:
+        with grpc.insecure_channel(process.address) as channel:
+            info = lm_pb2_grpc.LanguageModelStub(channel).Describe(lm_pb2.DescribeModelRequest())
+    finally:
+        process.stop()
+    assert info.kv.num_kv_heads == 4 and info.vocab_size == 1024
 
 
 def test_a_folder_without_model_onnx_is_a_startup_error_that_says_so(tmp_path):

@@ -6,6 +6,7 @@ import sys
 
 from muestra.lm.config import LmConfig
 from muestra.lm.model import ModelFolderError
+from muestra.lm.prefix_cache import open_prefix_cache
 from muestra.lm.server import load_engine, service_spec
 from muestra.runtime import load_config, run_service
 from muestra.runtime.logs import configure_logging
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         engine = load_engine(config)
     except ModelFolderError as exc:
         raise SystemExit(f"muestra-lm: cannot serve {config.model}: {exc}") from None
-    run_service(service_spec(engine), config)
+    run_service(service_spec(engine, open_prefix_cache(config, engine.info)), config)
 
 
 if __name__ == "__main__":

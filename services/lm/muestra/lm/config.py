@@ -30,3 +30,21 @@ class LmConfig(ServiceConfig):
         default=0, metadata={"help": "longest prompt plus generation (0: from config.json; may only lower it)"}
     )
     max_top_n: int = dataclasses.field(default=64, metadata={"help": "largest top_n a TOP_N output may ask for"})
+    prefix_cache: bool = dataclasses.field(
+        default=True, metadata={"help": "reuse prompt-prefix KV blocks (in Redis at --redis-url, else in process)"}
+    )
+    redis_url: str = dataclasses.field(
+        default="", metadata={"help": "Redis for the prefix cache: redis://, rediss:// (TLS), with a password or not"}
+    )
+    redis_timeout_s: float = dataclasses.field(
+        default=0.5, metadata={"help": "Redis connect and socket timeout; slower calls are misses"}
+    )
+    prefix_cache_key_prefix: str = dataclasses.field(
+        default="muestra:kv:", metadata={"help": "prefix of the cache's Redis keys (one namespace per tenant)"}
+    )
+    prefix_cache_ttl_s: int = dataclasses.field(
+        default=86400, metadata={"help": "seconds a cached block lives (0: until evicted)"}
+    )
+    prefix_cache_memory_bytes: int = dataclasses.field(
+        default=1 << 30, metadata={"help": "bytes of blocks the in-process cache holds (without --redis-url)"}
+    )

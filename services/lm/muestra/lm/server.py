@@ -15,6 +15,7 @@ from muestra.lm.config import LmConfig
 from muestra.lm.engine import DecodeInput, Engine, Load, PrefillInput, StepResult
 from muestra.lm.model import OnnxDecoder
 from muestra.lm.outputs import batch_output
+from muestra.lm.prefix_cache import PrefixCache, PrefixPlan
 from muestra.runtime import ServiceSpec
 from muestra.runtime.errors import check_limit
 from muestra.v1 import common_pb2, lm_pb2, lm_pb2_grpc
@@ -38,8 +39,9 @@ def _load(load: Load) -> lm_pb2.ServiceLoad:
 
 
 class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, prefix_cache: PrefixCache | None = None) -> None:
         self.engine = engine
+        self.prefix_cache = prefix_cache
         # One thread: forwards are serialized and the batch table has a single writer.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lm-model")
         KV_BYTES.set_function(lambda: self.engine.load().kv_bytes)
@@ -85,11 +87,50 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             )
             for i, row in enumerate(request.rows)
         ]
-        # The prefix cache comes later: every row is a miss and prefills from its first token.
-        result, output = await self._on_model_thread(self._step_output, self.engine.prefill, rows)
-        for row in output.rows:
-            row.cached_tokens = 0
+        plans = await self._load_prefixes(request.rows, rows)
+        result, output, kv, lengths = await self._on_model_thread(self._prefill, rows)
+        writes = []
+        for i, (row, plan) in enumerate(zip(output.rows, plans, strict=True)):
+            if plan is not None:
+                row.cached_tokens = plan.cached_tokens
+                self.prefix_cache.record(plan, plan.cached_tokens + rows[i].input_ids.size)
+                if plan.writes:
+                    writes.append((plan, kv, i, int(lengths[i])))
+        if writes:
+            # The blocks are written once the response is out: the first token never waits for Redis.
+            context.add_done_callback(lambda _: self.prefix_cache.write_later(writes))
         return lm_pb2.PrefillResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
+
+    async def _load_prefixes(self, pb_rows, rows: list[PrefillInput]) -> list[PrefixPlan | None]:
+        """Fetch each row's cached blocks (off the model thread) and cut its prompt to the rest."""
+        cache = self.prefix_cache
+        if cache is None:
+            return [None] * len(rows)
+        loop = asyncio.get_running_loop()
+        pending = []
+        for i, (pb_row, row) in enumerate(zip(pb_rows, rows, strict=True)):
+            if not pb_row.HasField("prefix"):
+                pending.append(None)
+                continue
+            self.engine.check_ids(f"rows[{i}].input_ids", row.input_ids)
+            prefix = pb_row.prefix
+            checked = cache.check(
+                f"rows[{i}].prefix", row.input_ids, prefix.block_size, prefix.block_hashes,
+                prefix.cached_blocks, prefix.write,
+            )  # fmt: skip
+            pending.append(loop.run_in_executor(cache.read_pool, cache.load, checked))
+        plans = [await p if p is not None else None for p in pending]
+        for row, plan in zip(rows, plans, strict=True):
+            if plan is not None and plan.cached_tokens:
+                row.past = plan.past
+                row.input_ids = row.input_ids[plan.cached_tokens :]
+        return plans
+
+    def _prefill(self, rows: list[PrefillInput]):
+        """Prefill on the model thread; also the new batch's KV storage, for the cache's writes."""
+        result, output = self._step_output(self.engine.prefill, rows)
+        batch = self.engine.batches[result.batch_id]
+        return result, output, batch.kv, batch.lengths.copy()
 
     async def Decode(self, request, context) -> lm_pb2.DecodeResponse:
         started = time.perf_counter()
@@ -135,8 +176,8 @@ def load_engine(config: LmConfig) -> Engine:
     return Engine(decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n)
 
 
-def service_spec(engine: Engine) -> ServiceSpec:
-    servicer = LanguageModelServicer(engine)
+def service_spec(engine: Engine, prefix_cache: PrefixCache | None = None) -> ServiceSpec:
+    servicer = LanguageModelServicer(engine, prefix_cache)
 
     async def register(server: grpc.aio.Server) -> list[str]:
         lm_pb2_grpc.add_LanguageModelServicer_to_server(servicer, server)
@@ -144,5 +185,7 @@ def service_spec(engine: Engine) -> ServiceSpec:
 
     async def close() -> None:
         servicer.executor.shutdown(wait=True)
+        if prefix_cache is not None:
+            prefix_cache.close()
 
     return ServiceSpec(name="lm", register=register, close=close)

@@ -1,0 +1,309 @@
+"""The prompt-prefix KV cache: blocks of a prompt's KV, keyed by a hash chain over its token ids.
+
+Keys. A block of `block_size` tokens has the hash h_i = blake2b-128(h_{i-1} | its ids as little-endian
+uint32), with h_0 = blake2b-128("muestra-prefix-v1|" + the model fingerprint), so equal prefixes of one
+model give equal keys on every replica and after every restart, and another model never shares one.
+Only full blocks count, and they cover at most len(prompt) - 1 tokens: the last token is always run.
+The gateway computes the chain (and finds how many leading blocks are stored); this service checks it
+against the prompt and reads the blocks with one MGET.
+
+Values. A fixed little-endian header (`_HEADER`) then the block's KV: every past input of the model
+(layer 0 key, layer 0 value, layer 1 key, ...) as [kv_heads, block_size, head_dim] in the KV dtype. A
+block whose header, size, checksum or fingerprint does not match is corrupt or foreign: it and every
+block after it are a miss, and it is overwritten with the freshly computed KV.
+
+Writes of a prompt's new blocks run on a low-priority thread after the Prefill response has gone out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import xxhash
+from prometheus_client import Counter, Histogram
+
+from muestra.lm.prefix_store import MemoryBlockStore, RedisBlockStore
+from muestra.runtime.errors import InvalidArgument
+
+log = logging.getLogger("muestra.lm.prefix_cache")
+
+HASH_BYTES = 16
+ROOT_TAG = b"muestra-prefix-v1|"
+FORMAT_VERSION = 1
+MAGIC = b"MKV\x01"
+# magic, version, dtype code, 0, layers, kv heads, head dim, block tokens, payload bytes,
+# xxh3-128 of the payload, blake2b-128 of the fingerprint, the block's hash.
+_HEADER = struct.Struct("<4sHBBIIIIQ16s16s16s")
+_DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2}
+# Writes waiting for the writer thread beyond this are dropped (each holds a prompt's KV alive).
+MAX_PENDING_WRITES = 16
+
+QUERIES = Counter(
+    "muestra_lm_prefix_cache_queries_total",
+    "Prompt tokens of rows that asked the prefix cache (vllm:prefix_cache_queries)",
+)
+HITS = Counter(
+    "muestra_lm_prefix_cache_hits_total",
+    "Prompt tokens whose KV came from the prefix cache (vllm:prefix_cache_hits)",
+)
+HIT_TOKENS = Histogram(
+    "muestra_lm_prefix_cache_hit_tokens",
+    "Tokens reused per prefilled row that asked the cache",
+    buckets=(0, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+)
+CORRUPT = Counter(
+    "muestra_lm_prefix_cache_corrupt_blocks_total", "Blocks ignored (and rewritten) as corrupt or foreign"
+)
+BLOCKS_WRITTEN = Counter("muestra_lm_prefix_cache_written_blocks_total", "Blocks handed to the cache to store")
+DROPPED = Counter(
+    "muestra_lm_prefix_cache_dropped_writes_total", "Rows whose blocks were not written: too many writes pending"
+)
+
+
+def chain_root(fingerprint: str) -> bytes:
+    return hashlib.blake2b(ROOT_TAG + fingerprint.encode(), digest_size=HASH_BYTES).digest()
+
+
+def block_hashes(fingerprint: str, ids: Sequence[int], block_size: int) -> list[bytes]:
+    """The chained hash of every full block of a prompt, leaving its last token out."""
+    count = max(len(ids) - 1, 0) // block_size
+    data = np.asarray(ids[: count * block_size], dtype="<u4").tobytes()
+    step = 4 * block_size
+    hashes, parent = [], chain_root(fingerprint)
+    for i in range(count):
+        parent = hashlib.blake2b(parent + data[i * step : (i + 1) * step], digest_size=HASH_BYTES).digest()
+        hashes.append(parent)
+    return hashes
+
+
+@dataclasses.dataclass
+class PrefixRequest:
+    """A Prefill row's prefix instructions, checked against its prompt."""
+
+    hashes: list[bytes]
+    block_size: int
+    cached_blocks: int
+    write: bool
+
+
+@dataclasses.dataclass
+class PrefixPlan:
+    """What the cache gave one row, and which of its blocks to write once it has run."""
+
+    request: PrefixRequest
+    # KV of the reused tokens, one [kv_heads, cached_tokens, head_dim] array per past input, or None.
+    past: list[np.ndarray] | None
+    cached_tokens: int
+    # (block index, overwrite): blocks to store after the prefill.
+    writes: list[tuple[int, bool]]
+
+
+class BlockFormat:
+    """Header and payload of one block of one model's KV."""
+
+    def __init__(self, fingerprint: str, num_layers: int, num_kv_heads: int, head_dim: int, dtype: np.dtype) -> None:
+        self.fingerprint_digest = hashlib.blake2b(fingerprint.encode(), digest_size=16).digest()
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.num_tensors = 2 * num_layers
+        self.dtype = np.dtype(dtype)
+        self.dtype_code = _DTYPE_CODES[self.dtype]
+
+    def payload_bytes(self, block_size: int) -> int:
+        return self.num_tensors * self.num_kv_heads * block_size * self.head_dim * self.dtype.itemsize
+
+    def encode(self, arrays: Sequence[np.ndarray], start: int, block_size: int, block_hash: bytes) -> bytearray:
+        """Header + positions [start, start + block_size) of every tensor ([kv_heads, length, head_dim])."""
+        size = self.payload_bytes(block_size)
+        value = bytearray(_HEADER.size + size)
+        payload = np.frombuffer(value, dtype=self.dtype, offset=_HEADER.size).reshape(
+            self.num_tensors, self.num_kv_heads, block_size, self.head_dim
+        )
+        for t, array in enumerate(arrays):
+            payload[t] = array[:, start : start + block_size]
+        checksum = xxhash.xxh3_128_digest(memoryview(value)[_HEADER.size :])
+        _HEADER.pack_into(
+            value, 0, MAGIC, FORMAT_VERSION, self.dtype_code, 0, self.num_layers, self.num_kv_heads,
+            self.head_dim, block_size, size, checksum, self.fingerprint_digest, block_hash[:16].ljust(16, b"\0"),
+        )  # fmt: skip
+        return value
+
+    def decode(self, value, block_size: int, block_hash: bytes, verify_checksum: bool) -> np.ndarray | None:
+        """The block as [tensors, kv_heads, block_size, head_dim] (a view on `value`), or None if it is not ours."""
+        size = self.payload_bytes(block_size)
+        if len(value) != _HEADER.size + size:
+            return None
+        fields = _HEADER.unpack_from(value, 0)
+        expected = (
+            MAGIC, FORMAT_VERSION, self.dtype_code, 0, self.num_layers, self.num_kv_heads, self.head_dim,
+            block_size, size,
+        )  # fmt: skip
+        if fields[:9] != expected or fields[10] != self.fingerprint_digest:
+            return None
+        if fields[11] != block_hash[:16].ljust(16, b"\0"):
+            return None
+        if verify_checksum and xxhash.xxh3_128_digest(memoryview(value)[_HEADER.size :]) != fields[9]:
+            return None
+        return np.frombuffer(value, dtype=self.dtype, offset=_HEADER.size).reshape(
+            self.num_tensors, self.num_kv_heads, block_size, self.head_dim
+        )
+
+
+def _lower_priority() -> None:
+    """Run this thread at a lower priority than the model's (Linux: per-thread nice)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+
+
+class PrefixCache:
+    """Reads a row's cached blocks before its prefill and writes its new ones after the response."""
+
+    def __init__(
+        self,
+        store: RedisBlockStore | MemoryBlockStore,
+        fingerprint: str,
+        block_format: BlockFormat,
+        key_prefix: str,
+        max_block_size: int,
+    ) -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.format = block_format
+        self.key_prefix = key_prefix
+        self.max_block_size = max_block_size
+        self.read_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lm-prefix-read")
+        self.write_pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="lm-prefix-write", initializer=_lower_priority
+        )
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+        self._corrupt_logged_at = -float("inf")
+        self._corrupt_since_log = 0
+
+    def key(self, block_hash: bytes) -> str:
+        return self.key_prefix + block_hash.hex()
+
+    def check(self, field: str, ids: np.ndarray, block_size: int, hashes: Sequence[bytes], cached: int, write: bool):
+        """The row's PrefixRequest; raises InvalidArgument when it does not fit the prompt."""
+        if block_size < 1 or block_size > self.max_block_size:
+            raise InvalidArgument(f"{field}.block_size", f"must be within [1, {self.max_block_size}], got {block_size}")
+        full = max(ids.size - 1, 0) // block_size
+        if len(hashes) > full:
+            raise InvalidArgument(
+                f"{field}.block_hashes",
+                f"{len(hashes)} blocks of {block_size} tokens; a prompt of {ids.size} tokens has {full} full blocks "
+                "before its last token",
+            )
+        if cached > len(hashes):
+            raise InvalidArgument(f"{field}.cached_blocks", f"is {cached}; only {len(hashes)} block hashes were given")
+        expected = block_hashes(self.fingerprint, ids[: len(hashes) * block_size + 1].tolist(), block_size)
+        for i, (got, want) in enumerate(zip(hashes, expected, strict=True)):
+            if got != want:
+                raise InvalidArgument(
+                    f"{field}.block_hashes[{i}]",
+                    "does not match the prompt's tokens (see docs/prefix_cache.md for the hash chain)",
+                )
+        return PrefixRequest(list(hashes), block_size, cached, write)
+
+    def load(self, request: PrefixRequest) -> PrefixPlan:
+        """Fetch and verify the leading blocks the caller found cached (one round trip); never raises."""
+        hashes, size = request.hashes, request.block_size
+        values = self.store.get_many([self.key(h) for h in hashes[: request.cached_blocks]]) or []
+        blocks, corrupt = [], set()
+        for i, value in enumerate(values):
+            if value is None:
+                break
+            block = self.format.decode(value, size, hashes[i], self.store.verify_checksums)
+            if block is None:
+                corrupt.add(i)
+                break
+            blocks.append(block)
+        # Blocks after the first missing or bad one are of no use (their past is not here), but need
+        # no write when they are present and sound.
+        verify = self.store.verify_checksums
+        for i in range(len(blocks) + 1, len(values)):
+            if values[i] is not None and self.format.decode(values[i], size, hashes[i], verify) is None:
+                corrupt.add(i)
+        if corrupt:
+            self._count_corrupt(len(corrupt))
+        present = {i for i, v in enumerate(values) if v is not None} - corrupt
+        used = len(blocks)
+        writes = [(i, i in corrupt) for i in range(used, len(hashes)) if i not in present] if request.write else []
+        past = None
+        if blocks:
+            # One copy: [tensors, heads, blocks * block_size, dim].
+            joined = np.concatenate(blocks, axis=2)
+            past = list(joined)
+        return PrefixPlan(request, past, used * size, writes)
+
+    def record(self, plan: PrefixPlan, prompt_tokens: int) -> None:
+        """Count one prefilled row that asked the cache."""
+        QUERIES.inc(prompt_tokens)
+        HITS.inc(plan.cached_tokens)
+        HIT_TOKENS.observe(plan.cached_tokens)
+
+    def write_later(self, jobs: list[tuple[PrefixPlan, object, int, int]]) -> None:
+        """Queue the blocks of each (plan, kv storage, row, row length) for the writer thread."""
+        for job in jobs:
+            with self._pending_lock:
+                if self._pending >= MAX_PENDING_WRITES:
+                    DROPPED.inc()
+                    continue
+                self._pending += 1
+            self.write_pool.submit(self._write, *job)
+
+    def _write(self, plan: PrefixPlan, kv, row: int, length: int) -> None:
+        try:
+            arrays = kv.row_arrays(row, length)
+            size, hashes = plan.request.block_size, plan.request.hashes
+            items = [
+                (self.key(hashes[i]), self.format.encode(arrays, i * size, size, hashes[i]), overwrite)
+                for i, overwrite in plan.writes
+            ]
+            if self.store.put_many(items):
+                BLOCKS_WRITTEN.inc(len(items))
+        except Exception:  # a write must never take the service down
+            log.exception("prefix cache: writing %d blocks failed", len(plan.writes))
+        finally:
+            with self._pending_lock:
+                self._pending -= 1
+
+    def _count_corrupt(self, count: int) -> None:
+        CORRUPT.inc(count)
+        self._corrupt_since_log += count
+        now = time.monotonic()
+        if now - self._corrupt_logged_at >= 60:
+            log.warning(
+                "prefix cache: %d corrupt or foreign block(s) ignored and rewritten (at most one such line a minute)",
+                self._corrupt_since_log,
+            )
+            self._corrupt_logged_at, self._corrupt_since_log = now, 0
+
+    def close(self) -> None:
+        self.read_pool.shutdown(wait=True)
+        self.write_pool.shutdown(wait=True)
+        self.store.close()
+
+
+def open_prefix_cache(config, info) -> PrefixCache | None:
+    """The service's prefix cache from its settings (Redis when --redis-url is set), or None when off."""
+    if not config.prefix_cache:
+        log.info("prefix cache: off")
+        return None
+    if config.redis_url:
+        store = RedisBlockStore(config.redis_url, config.prefix_cache_ttl_s, config.redis_timeout_s)
+    else:
+        store = MemoryBlockStore(config.prefix_cache_memory_bytes, config.prefix_cache_ttl_s)
+    block_format = BlockFormat(info.fingerprint, info.num_layers, info.num_kv_heads, info.head_dim, info.kv_dtype)
+    log.info("prefix cache: %s, keys %s<hash>", store.describe(), config.prefix_cache_key_prefix)
+    return PrefixCache(store, info.fingerprint, block_format, config.prefix_cache_key_prefix, info.context_length)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 
+from muestra.gateway.prefix import LookupHealth, PrefixLookup, open_redis, without_password
 from muestra.runtime.channels import service_channel
 from muestra.runtime.errors import NotFound
 from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc, lm_pb2, lm_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
@@ -63,6 +64,8 @@ class TextModel:
     # Ids the tokenizer knows; a model's embedding table is often padded past it. Ids beyond it
     # decode to no text (as transformers' tokenizers decode them).
     tokenizer_vocab_size: int = 0
+    # Finds a prompt's cached prefix (None: the prefix cache is off).
+    prefix_cache: PrefixLookup | None = None
 
 
 @dataclasses.dataclass
@@ -102,6 +105,7 @@ class ModelRegistry:
         self.default_text = ""
         self.default_image = ""
         self._channels: list[grpc.aio.Channel] = []
+        self._redis = None
 
     def _channel(self, address: str, max_message_bytes: int) -> grpc.aio.Channel:
         channel = service_channel(address, max_message_bytes)
@@ -112,6 +116,10 @@ class ModelRegistry:
         """Describe every endpoint (waiting up to startup_timeout_s for each) and name the models."""
         deadline = asyncio.get_running_loop().time() + config.startup_timeout_s
         text_spec, image_spec = _endpoints_from_config(config)
+        prefix_health = None
+        if config.prefix_cache_block_size > 0 and config.redis_url:
+            self._redis = open_redis(config.redis_url, config.redis_timeout_s)
+            prefix_health = LookupHealth(f"Redis at {without_password(config.redis_url)}")
         for name, spec in text_spec.items():
             tokenizer = tokenizer_pb2_grpc.TokenizerStub(self._channel(spec["tokenizer"], config.max_message_bytes))
             addresses = [address for target in spec["lm"] for address in expand_target(target)]
@@ -149,6 +157,11 @@ class ModelRegistry:
                 )
                 if other.fingerprint != model.fingerprint:
                     raise RuntimeError(f"lm replicas of {model.name} serve different models: {replica.address}")
+            if config.prefix_cache_block_size > 0:
+                model.prefix_cache = PrefixLookup(
+                    model.name, model.fingerprint, config.prefix_cache_block_size,
+                    config.prefix_cache_key_prefix, self._redis, prefix_health,
+                )  # fmt: skip
             self.text[model.name] = model
             self.default_text = self.default_text or model.name
             log.info(
@@ -157,6 +170,17 @@ class ModelRegistry:
                 len(replicas),
                 model.context_length,
                 model.vocab_size,
+            )
+        if config.prefix_cache_block_size <= 0:
+            log.info("prefix cache: off (prefix_cache_block_size 0)")
+        elif prefix_health is not None:
+            log.info(
+                "prefix cache: lookups in %s, blocks of %d tokens", prefix_health.what, config.prefix_cache_block_size
+            )
+        else:
+            log.info(
+                "prefix cache: no --redis-url; each lm replica keeps its own blocks in process (blocks of %d tokens)",
+                config.prefix_cache_block_size,
             )
         for name, spec in image_spec.items():
             stub = diffusion_pb2_grpc.DiffusionStub(self._channel(spec["diffusion"], config.max_message_bytes))
@@ -189,6 +213,8 @@ class ModelRegistry:
         return model
 
     async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
         for channel in self._channels:
             await channel.close()
         for model in self.text.values():

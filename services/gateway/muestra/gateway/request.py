@@ -28,6 +28,7 @@ class GenerationRequest:
     top_logprobs: int = 0
     include_stop_str_in_output: bool = False
     deadline: float | None = None  # time.monotonic() after which the request is cancelled
+    prefix_cache: bool = True  # False: GenerateRequest.disable_prefix_cache
     # Filled in by the gateway and the scheduler.
     arrival: float = dataclasses.field(default_factory=time.monotonic)
     admitted: float | None = None

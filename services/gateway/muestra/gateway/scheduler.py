@@ -208,6 +208,8 @@ class ReplicaScheduler:
             rows = [Sequence(request, i, s) for i, s in enumerate(sampling)]
             request.open_sequences = len(rows)
             kind = sampling[0].output_kind
+        prefix_cache = self.model.prefix_cache if request.prefix_cache else None
+        prefix = await prefix_cache.prefix_blocks(request.prompt_ids) if prefix_cache is not None else None
         reply = await self.replica.stub.Prefill(
             lm_pb2.PrefillRequest(
                 rows=[
@@ -215,11 +217,14 @@ class ReplicaScheduler:
                         request_id=request.request_id,
                         input_ids=request.prompt_ids,
                         output=lm_pb2.OutputSpec(kind=kind),
+                        prefix=prefix,
                     )
                 ]
             )
         )
         request.cached_tokens = reply.output.rows[0].cached_tokens
+        if prefix_cache is not None:
+            prefix_cache.record_hit(request.cached_tokens)
         batch_id = reply.batch_id
         logits = logits_matrix(reply.output)
         argmax = reply.output.rows[0].argmax

@@ -175,6 +175,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             include_stop_str_in_output=request.include_stop_str_in_output,
             deadline=deadline,
             model_name=model.name,
+            prefix_cache=not request.disable_prefix_cache,
         )
         return generation, self.routers[model.name]
 

@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.fixtures.samplers",
     "tests.fixtures.text_stack",
     "tests.fixtures.openai_stack",
+    "tests.fixtures.prefix_cache",
 ]
 
 

@@ -184,12 +184,8 @@ class Engine:
         batch = batches[0] if len(batches) == 1 else Batch.concatenate(self.decoder, batches)
         next_ids = np.concatenate([item.next_ids for item in items])
         specs = [s for item, b in zip(items, batches, strict=True) for s in (item.outputs or b.outputs)]
-        previous = (batch.kv, batch.lengths)
-        try:
-            logits, forward_us = batch.step(self.decoder, next_ids)
-        except BaseException:
-            batch.kv, batch.lengths = previous
-            raise
+        # step() changes the batch only once its forward has succeeded.
+        logits, forward_us = batch.step(self.decoder, next_ids)
         batch.outputs = specs
         return StepResult(self._store(batch, [item.batch_id for item in items]), logits, specs, forward_us)
 

@@ -101,7 +101,7 @@ class LookupHealth:
             self.healthy, self._since, self._errors, self._backoff = False, now, 1, self.BACKOFF_S
             INCIDENTS.inc()
             log.warning(
-                "prefix cache: lookups in %s failed (%s: %s); every request is a miss until it answers again",
+                "prefix cache: lookups in %s failed (%s: %s); every request is a miss until it recovers",
                 self.what, type(exc).__name__, exc,
             )  # fmt: skip
         else:

@@ -84,7 +84,7 @@ class CacheHealth:
                 self._backoff = self.BACKOFF_S
                 INCIDENTS.inc()
                 log.warning(
-                    "prefix cache: %s %s failed (%s: %s); every request is a miss until it answers again "
+                    "prefix cache: %s %s failed (%s: %s); every request is a miss until it recovers "
                     "(retrying after %.0f s, then less often)",
                     self.what, op, type(exc).__name__, exc, self._backoff,
                 )  # fmt: skip

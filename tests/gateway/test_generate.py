@@ -243,3 +243,25 @@ def test_prometheus_metrics_count_tokens_and_latencies(text_stack):
     assert metrics['muestra_inter_token_latency_seconds_count{model="onnx"}'] == 4
     assert metrics['muestra_request_success_total{finish_reason="length",model="onnx"}'] == 1
     assert metrics['muestra_grpc_requests_total{code="OK",method="/muestra.v1.Gateway/Generate"}'] == 1
+
+
+def test_async_client_streams_the_same_completion_as_the_blocking_one(client, stack):
+    import asyncio
+
+    from muestra.client import AsyncClient
+
+    kwargs = dict(max_tokens=10, ignore_eos=True, temperature=0.8, seed=21)
+
+    async def run():
+        async with AsyncClient(stack.gateway.address, timeout=60) as aclient:
+            generation = aclient.generate(PROMPT, **kwargs)
+            deltas = [delta async for delta in generation]
+            models = await aclient.list_models()
+            return generation, deltas, models
+
+    generation, deltas, models = asyncio.run(run())
+    expected = client.generate(PROMPT, **kwargs).wait()
+    assert generation.token_ids[0] == expected.token_ids[0]
+    assert "".join(d.text for d in deltas) == expected.texts[0]
+    assert generation.completions[0].completion_tokens == 10
+    assert models[0].kind == "text"

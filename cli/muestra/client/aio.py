@@ -10,29 +10,23 @@ import grpc
 from muestra.client.errors import from_rpc_error
 from muestra.client.images import GeneratedImage, Progress, build_image_request, image_event
 from muestra.client.sync import MAX_MESSAGE_BYTES
-from muestra.client.types import Completion, Delta, build_request, delta_from_proto
+from muestra.client.types import Completion, Delta, GenerationState, build_request
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc
 
 
-class AsyncGeneration:
+class AsyncGeneration(GenerationState):
     """`async for delta in generation`; afterwards `completions` holds the final stats."""
 
     def __init__(self, call) -> None:
+        super().__init__()
         self._call = call
-        self.completions: dict[int, Completion] = {}
-        self.texts: dict[int, str] = {}
-        self.token_ids: dict[int, list[int]] = {}
 
     async def __aiter__(self) -> AsyncIterator[Delta]:
         try:
             async for message in self._call:
-                if message.HasField("done"):
-                    self.completions[message.index] = Completion.from_proto(message.index, message.done)
-                    continue
-                delta = delta_from_proto(message.index, message.delta)
-                self.texts[delta.index] = self.texts.get(delta.index, "") + delta.text
-                self.token_ids.setdefault(delta.index, []).extend(delta.token_ids)
-                yield delta
+                delta = self.absorb(message)
+                if delta is not None:
+                    yield delta
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED:
                 return

@@ -65,6 +65,25 @@ class Completion:
         )
 
 
+class GenerationState:
+    """What a Generation has received so far; shared by the blocking and the asyncio clients."""
+
+    def __init__(self) -> None:
+        self.completions: dict[int, Completion] = {}
+        self.texts: dict[int, str] = {}
+        self.token_ids: dict[int, list[int]] = {}
+
+    def absorb(self, message: gateway_pb2.GenerateResponse) -> Delta | None:
+        """Record one streamed message; the Delta to hand the caller, or None for a final one."""
+        if message.HasField("done"):
+            self.completions[message.index] = Completion.from_proto(message.index, message.done)
+            return None
+        delta = delta_from_proto(message.index, message.delta)
+        self.texts[delta.index] = self.texts.get(delta.index, "") + delta.text
+        self.token_ids.setdefault(delta.index, []).extend(delta.token_ids)
+        return delta
+
+
 def delta_from_proto(index: int, delta: gateway_pb2.TextDelta) -> Delta:
     logprobs = [
         {

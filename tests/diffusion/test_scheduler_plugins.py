@@ -45,7 +45,10 @@ def plugin_service(tiny_sd_model, tmp_path_factory):
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: muestra-test-schedulers\nVersion: 0.3.1\n")
     (dist_info / "entry_points.txt").write_text("[muestra]\ntest-schedulers = muestra_test_schedulers\n")
     python_path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    service = start_diffusion_service(tiny_sd_model, tmp_path_factory.mktemp("logs"), env={"PYTHONPATH": python_path})
+    # The model comes from MUESTRA_DIFFUSION_MODEL here, which this also checks.
+    service = start_diffusion_service(
+        tiny_sd_model, tmp_path_factory.mktemp("logs"), env={"PYTHONPATH": python_path}, model_from_env=True
+    )
     yield service
     service.process.stop()
 

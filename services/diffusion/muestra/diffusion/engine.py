@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -19,12 +18,13 @@ from PIL import Image
 
 from muestra.diffusion.embeddings import TextEmbeddingCache, embedding_key, text_encoder_fingerprint
 from muestra.diffusion.metrics import DENOISE_STEPS
+from muestra.diffusion.model_folder import pipeline_class_name
 from muestra.diffusion.preview import SDXL_BIAS, SDXL_FACTORS, LatentPreview
 
 log = logging.getLogger("muestra.diffusion.engine")
 
 # model_index.json's _class_name -> how its latents preview.
-SUPPORTED_PIPELINES = {
+PREVIEWS = {
     "StableDiffusionPipeline": LatentPreview(),
     "StableDiffusionXLPipeline": LatentPreview(SDXL_FACTORS, SDXL_BIAS),
 }
@@ -54,7 +54,7 @@ StepCallback = Callable[[int, int, torch.Tensor], None]
 
 
 def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """ "auto" picks CUDA with float16 when there is a GPU, else the CPU with float32."""
+    """Resolve "auto": CUDA with float16 when torch sees a GPU, else the CPU with float32."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -75,7 +75,7 @@ class DiffusionEngine:
         self.device: torch.device = pipe.device
         self.dtype: torch.dtype = pipe.unet.dtype
         self.pipeline_class = type(pipe).__name__
-        self.preview = SUPPORTED_PIPELINES[self.pipeline_class]
+        self.preview = PREVIEWS[self.pipeline_class]
         # Every request builds a fresh scheduler from the model's own config; keep a pristine copy of it.
         self.base_scheduler = pipe.scheduler
         self.base_scheduler_config = dict(pipe.scheduler.config)
@@ -111,14 +111,7 @@ class DiffusionEngine:
     def load(cls, path: str | Path, name: str = "", device: str = "auto", dtype: str = "auto") -> DiffusionEngine:
         """Load a local diffusers folder; never touches the network."""
         folder = Path(path)
-        index_path = folder / "model_index.json"
-        if not index_path.is_file():
-            raise SystemExit(f"--model {path}: no model_index.json (expected a diffusers folder)")
-        class_name = json.loads(index_path.read_text()).get("_class_name", "")
-        if class_name not in SUPPORTED_PIPELINES:
-            raise SystemExit(
-                f"--model {path}: pipeline {class_name!r} is not supported; supported: {', '.join(SUPPORTED_PIPELINES)}"
-            )
+        class_name = pipeline_class_name(folder)
         pipeline_cls = getattr(diffusers, class_name)
         torch_device, torch_dtype = resolve_device(device, dtype)
         kwargs: dict[str, Any] = {"dtype": torch_dtype, "local_files_only": True}

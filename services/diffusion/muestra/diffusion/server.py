@@ -118,8 +118,6 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
 
 def build_service(config: DiffusionConfig) -> ServiceSpec:
     """Load the model and the scheduler plugins, and describe the service to the runtime."""
-    if not config.model:
-        raise SystemExit("--model is required (or MUESTRA_DIFFUSION_MODEL): a diffusers text-to-image folder")
     engine = DiffusionEngine.load(config.model, config.model_name, config.device, config.dtype)
     if config.redis_url:
         engine.use_embedding_cache(RedisTextEmbeddingCache(config.redis_url, config.text_embedding_ttl_s), config.model)

@@ -44,8 +44,9 @@ def test_logits_after_a_cache_hit_equal_a_cold_prefill(redis_lm, redis_client, t
     assert np.abs(hit - reference).max() <= 1e-4
 
 
-def test_decoding_after_a_hit_continues_like_a_cold_row(redis_lm, redis_client):
-    lm = redis_lm("llama")
+@pytest.mark.parametrize("model", ["llama", "llama-gqa"], ids=["concat-layout", "shared-buffer-layout"])
+def test_decoding_after_a_hit_continues_like_a_cold_row(redis_lm, redis_client, model):
+    lm = redis_lm(model)
     ids = random_prompt(5 * BLOCK + 1, seed=77)
     _write_blocks(lm, redis_client, ids)
     _, cached, hit_batch = lm.prefill(ids, prefix_blocks(lm.fingerprint, ids))

@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: dev up test lint proto proto-check ci models models-text
+.PHONY: dev up test lint proto proto-check ci models models-text models-image
 
 # Install every distribution (editable) and the test references into .venv, once per change
 # of the requirements or of any pyproject.toml.
@@ -30,8 +30,11 @@ proto: $(STAMP)               ## regenerate the Python stubs from proto/*.proto
 proto-check: $(STAMP)         ## fail if the committed stubs are stale
 	$(PY) scripts/gen_proto.py --check
 
-models: models-text           ## rebuild the default models from scratch (CPU only, no downloads)
+models: models-text models-image ## rebuild the default models from scratch (CPU only, no downloads)
 
 models-text: $(STAMP)         ## retrain models/muestra-text: tokenizer, then the Llama (~30 min on 2 cores)
 	$(PY) models/train_tokenizer.py
 	nice -n 19 $(PY) models/train_text_model.py
+
+models-image: $(STAMP)        ## retrain models/muestra-image: tokenizer, VAE, then text encoder + UNet (CPU, seeded)
+	nice -n 19 $(PY) models/train_image_model.py

@@ -34,6 +34,9 @@ class _Call:
         self.request_id = request_id_from_metadata(context.invocation_metadata()) or new_request_id()
         self.token = request_id_var.set(self.request_id)
         self.code = grpc.StatusCode.OK
+        # Read now: asking a cancelled stream's context for its peer after the call ended
+        # crashes grpc.aio (a segfault when the handler is finalized).
+        self.peer = context.peer()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, self.request_id),))
 
     async def fail(self, exc: BaseException) -> None:
@@ -56,12 +59,14 @@ class _Call:
 
     def finish(self) -> None:
         elapsed = time.perf_counter() - self.started
-        code = self.code if self.code != grpc.StatusCode.OK else (self.context.code() or grpc.StatusCode.OK)
+        code = self.code
+        if code == grpc.StatusCode.OK and not self.context.cancelled():
+            code = self.context.code() or grpc.StatusCode.OK
         code_name = code.name if isinstance(code, grpc.StatusCode) else str(code)
         REQUESTS.labels(self.method, code_name).inc()
         LATENCY.labels(self.method).observe(elapsed)
         level = logging.DEBUG if self.method.startswith(_QUIET_PREFIXES) else logging.INFO
-        log.log(level, "%s %s %.1fms peer=%s", self.method, code_name, elapsed * 1000, self.context.peer())
+        log.log(level, "%s %s %.1fms peer=%s", self.method, code_name, elapsed * 1000, self.peer)
         request_id_var.reset(self.token)
 
 

@@ -83,7 +83,9 @@ def _endpoints_from_config(config) -> tuple[dict, dict]:
     if config.models_config:
         spec = json.loads(Path(config.models_config).read_text())
         return spec.get("text", {}), spec.get("image", {})
-    text = {"": {"tokenizer": config.tokenizer_addr, "lm": [a.strip() for a in config.lm_addr.split(",") if a.strip()]}}
+    lm = [a.strip() for a in config.lm_addr.split(",") if a.strip()]
+    # An empty --lm-addr makes an image-only gateway.
+    text = {"": {"tokenizer": config.tokenizer_addr, "lm": lm}} if lm else {}
     image = {"": {"diffusion": config.diffusion_addr}} if config.diffusion_addr else {}
     return text, image
 

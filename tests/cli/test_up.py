@@ -77,6 +77,14 @@ def test_up_serves_the_default_models_and_stops_cleanly_on_ctrl_c(tmp_path):
             capture_output=True, text=True, timeout=120, check=True,
         ).stdout  # fmt: skip
         assert '"completion_tokens": 12' in gen
+        if "diffusion" in services:  # a default image model ships in models/muestra-image
+            png = tmp_path / "seven.png"
+            subprocess.run(
+                [*MUESTRA, "image", "a handwritten seven", "-o", str(png), "--steps", "4", "--seed", "3",
+                 "--gateway", services["gateway"][0]],
+                capture_output=True, text=True, timeout=300, check=True,
+            )  # fmt: skip
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         if shutil.which("redis-server"):
             assert any("redis-server on" in line for line in lines)
     finally:

@@ -192,3 +192,21 @@ def test_a_corrupted_block_is_detected_not_used_and_replaced(redis_lm, redis_cli
     logits, cached = lm.prefill_once(ids, prefix_blocks(lm.fingerprint, ids))
     assert cached == 3 * BLOCK
     assert np.abs(logits - cold).max() <= 1e-4
+
+
+def test_with_min_sightings_two_a_one_off_prompt_is_not_stored(tiny_lm, redis_server, redis_client, prefix_log_dir):
+    flags = ("--redis-url", redis_server.url, "--prefix-cache-key-prefix", KEY_PREFIX)
+    lm = LmClient.start(tiny_lm("llama").onnx_dir, "llama", prefix_log_dir, *flags, "--prefix-cache-min-sightings", "2")
+    try:
+        one_off, repeated = random_prompt(3 * BLOCK + 2, seed=61), random_prompt(3 * BLOCK + 2, seed=62)
+        lm.prefill_once(one_off, prefix_blocks(lm.fingerprint, one_off, cached_blocks=0))
+        for _ in range(2):
+            cold, cached = lm.prefill_once(repeated, prefix_blocks(lm.fingerprint, repeated, cached_blocks=0))
+            assert cached == 0
+        # One writer thread, in order: once the repeated prompt's blocks are in, the one-off's would be too.
+        wait_for_keys(redis_client, block_keys(lm.fingerprint, repeated))
+        assert redis_client.exists(*block_keys(lm.fingerprint, one_off)) == 0
+        hit, cached = lm.prefill_once(repeated, prefix_blocks(lm.fingerprint, repeated))
+        assert cached == 3 * BLOCK and np.abs(hit - cold).max() <= 1e-4
+    finally:
+        lm.stop()

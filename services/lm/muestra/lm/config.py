@@ -48,3 +48,7 @@ class LmConfig(ServiceConfig):
     prefix_cache_memory_bytes: int = dataclasses.field(
         default=1 << 30, metadata={"help": "bytes of blocks the in-process cache holds (without --redis-url)"}
     )
+    prefix_cache_min_sightings: int = dataclasses.field(
+        default=1,
+        metadata={"help": "store a block once this many prompts holding it were prefilled here (2: skip one-offs)"},
+    )

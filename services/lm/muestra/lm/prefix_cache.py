@@ -17,6 +17,7 @@ Writes of a prompt's new blocks run on a low-priority thread after the Prefill r
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import logging
@@ -46,6 +47,8 @@ _HEADER = struct.Struct("<4sHBBIIIIQ16s16s16s")
 _DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2}
 # Writes waiting for the writer thread beyond this are dropped (each holds a prompt's KV alive).
 MAX_PENDING_WRITES = 16
+# Block hashes whose sightings are counted (with min_sightings > 1), least recently seen dropped first.
+SIGHTINGS_KEPT = 1 << 16
 
 QUERIES = Counter(
     "muestra_lm_prefix_cache_queries_total",
@@ -175,6 +178,7 @@ class PrefixCache:
         block_format: BlockFormat,
         key_prefix: str,
         max_block_size: int,
+        min_sightings: int = 1,
     ) -> None:
         self.store = store
         self.fingerprint = fingerprint
@@ -188,6 +192,10 @@ class PrefixCache:
         self._pending = 0
         self._pending_lock = threading.Lock()
         self._corrupt_logged_at = -float("inf")
+        # Write-admission: a block is stored once prompts holding it were prefilled here min_sightings times.
+        self.min_sightings = min_sightings
+        self._sightings: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._sightings_lock = threading.Lock()
         self._corrupt_since_log = 0
 
     def key(self, block_hash: bytes) -> str:
@@ -239,12 +247,24 @@ class PrefixCache:
         present = {i for i, v in enumerate(values) if v is not None} - corrupt
         used = len(blocks)
         writes = [(i, i in corrupt) for i in range(used, len(hashes)) if i not in present] if request.write else []
+        if writes and self.min_sightings > 1:
+            writes = [(i, overwrite) for i, overwrite in writes if self._sighted(hashes[i])]
         past = None
         if blocks:
             # One copy: [tensors, heads, blocks * block_size, dim].
             joined = np.concatenate(blocks, axis=2)
             past = list(joined)
         return PrefixPlan(request, past, used * size, writes)
+
+    def _sighted(self, block_hash: bytes) -> bool:
+        """Count one more prompt holding this block; whether it has now been seen min_sightings times."""
+        with self._sightings_lock:
+            count = self._sightings.pop(block_hash, 0) + 1
+            if count < self.min_sightings:
+                self._sightings[block_hash] = count
+                while len(self._sightings) > SIGHTINGS_KEPT:
+                    self._sightings.popitem(last=False)
+        return count >= self.min_sightings
 
     def record(self, plan: PrefixPlan, prompt_tokens: int) -> None:
         """Count one prefilled row that asked the cache."""
@@ -305,5 +325,11 @@ def open_prefix_cache(config, info) -> PrefixCache | None:
     else:
         store = MemoryBlockStore(config.prefix_cache_memory_bytes, config.prefix_cache_ttl_s)
     block_format = BlockFormat(info.fingerprint, info.num_layers, info.num_kv_heads, info.head_dim, info.kv_dtype)
-    log.info("prefix cache: %s, keys %s<hash>", store.describe(), config.prefix_cache_key_prefix)
-    return PrefixCache(store, info.fingerprint, block_format, config.prefix_cache_key_prefix, info.context_length)
+    log.info(
+        "prefix cache: %s, keys %s<hash>, a block stored once seen in %d prompt(s)",
+        store.describe(), config.prefix_cache_key_prefix, max(config.prefix_cache_min_sightings, 1),
+    )  # fmt: skip
+    return PrefixCache(
+        store, info.fingerprint, block_format, config.prefix_cache_key_prefix, info.context_length,
+        config.prefix_cache_min_sightings,
+    )  # fmt: skip

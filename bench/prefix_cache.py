@@ -10,8 +10,9 @@ prefix (GPT-2's context is 1,024 tokens, so 960 = 30 blocks of 32 by default) pl
 - TTFT, client-side, greedy with max_tokens 1, per round and in a rotating order: cold with the cache
   off (the baseline), a miss with the cache on (a new prefix; its blocks are then written), a hit from
   Redis, and a hit from the in-process cache (the shared prefix with a new suffix).
-- Throughput at a 0% hit rate: batches of distinct prompts (4 in flight) with the cache on and off,
-  alternating. An "on" batch is timed until its blocks are all stored in Redis, so the writes count.
+- Throughput at a 0% hit rate: batches of distinct prompts (4 in flight) with the cache off, on (timed until
+  its blocks are all stored in Redis, so the writes count), and on with --prefix-cache-min-sightings 2 (a
+  third lm + gateway pair; one-off prompts are then not stored), in a rotating order.
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ def words(count: int, seed: int) -> list[str]:
 class Stack:
     """An lm service and a gateway in front of it (sharing the bench's tokenizer)."""
 
-    def __init__(self, onnx_dir: Path, tokenizer: str, log_dir: Path, threads: int, redis_url: str = "") -> None:
+    def __init__(
+        self, onnx_dir: Path, tokenizer: str, log_dir: Path, threads: int, redis_url: str = "", lm_flags=()
+    ) -> None:
         quiet = ["--log-level", "WARNING"]
         cache = ["--prefix-cache-key-prefix", KEY_PREFIX] + (["--redis-url", redis_url] if redis_url else [])
         lm_args = ["--model", str(onnx_dir), "--providers", "cpu", "--intra-op-threads", str(threads)]
-        self.lm = ServiceProcess("lm", [*lm_args, *cache, *quiet], log_dir)
+        self.lm = ServiceProcess("lm", [*lm_args, *cache, *lm_flags, *quiet], log_dir)
         with grpc.insecure_channel(self.lm.address) as channel:
             describe = lm_pb2_grpc.LanguageModelStub(channel).Describe(lm_pb2.DescribeModelRequest())
         self.fingerprint, self.context = describe.fingerprint, describe.context_length
@@ -164,11 +167,12 @@ def bench_breakdown(stack: Stack, args) -> dict[str, list[float]]:
     return times
 
 
-def bench_throughput(stack: Stack, client: redis.Redis, args) -> dict[str, list[float]]:
-    """Seconds per batch of distinct prompts, cache on (timed until stored) and off, alternating."""
+def bench_throughput(stack: Stack, sparing: Stack, client: redis.Redis, args) -> dict[str, list[float]]:
+    """Seconds per batch of distinct prompts: cache off, cache on (timed until stored), and cache on with
+    --prefix-cache-min-sightings 2 (nothing stored: every prompt is new), in a rotating order."""
     total = args.prefix_tokens + args.suffix_tokens
 
-    def batch(on: bool) -> float:
+    def batch(target: Stack, on: bool, stored: bool) -> float:
         prompts = [words(total, seed=10**6 + next(_counter)) for _ in range(args.batch)]
         pending = iter(prompts)
         lock = threading.Lock()
@@ -179,7 +183,7 @@ def bench_throughput(stack: Stack, client: redis.Redis, args) -> dict[str, list[
                     prompt = next(pending, None)
                 if prompt is None:
                     return
-                _, cached = stack.first_token(prompt, max_tokens=args.tokens, disable_prefix_cache=not on)
+                _, cached = target.first_token(prompt, max_tokens=args.tokens, disable_prefix_cache=not on)
                 assert cached == 0
 
         started = time.perf_counter()
@@ -188,15 +192,20 @@ def bench_throughput(stack: Stack, client: redis.Redis, args) -> dict[str, list[
             thread.start()
         for thread in threads:
             thread.join()
-        if on:
-            wait_stored(client, stack.fingerprint, prompts)
+        if stored:
+            wait_stored(client, target.fingerprint, prompts)
         return time.perf_counter() - started
 
-    seconds: dict[str, list[float]] = {"cache off": [], "cache on, 0% hits": []}
+    ways = {
+        "cache off": (stack, False, False),
+        "cache on, 0% hits": (stack, True, True),
+        "cache on, 0% hits, min sightings 2": (sparing, True, False),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    names = list(ways)
     for r in range(args.throughput_rounds):
-        order = [False, True] if r % 2 == 0 else [True, False]
-        for on in order:
-            seconds["cache on, 0% hits" if on else "cache off"].append(batch(on))
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            seconds[name].append(batch(*ways[name]))
             time.sleep(0.5)
     return seconds
 
@@ -226,7 +235,7 @@ def markdown(model: str, ttft: dict, breakdown: dict, throughput: dict, args) ->
     lines += [
         "",
         f"Throughput at a 0% hit rate: {args.throughput_rounds} rounds of {args.batch} distinct prompts "
-        f"({args.in_flight} in flight, {args.tokens} tokens generated each), alternating:",
+        f"({args.in_flight} in flight, {args.tokens} tokens generated each), the ways in a rotating order:",
         "",
         "| way | seconds per batch (each round) | tokens/s (prompt + generated) | ratio to cache off |",
         "|---|---|---:|---:|",
@@ -269,7 +278,9 @@ def main() -> None:
                 for name, values in bench_breakdown(stack, args).items()
             }
             stacks.pop().close()  # the in-process stack is idle from here on
-            throughput = bench_throughput(stacks[0], client, args)
+            sparing = ("--prefix-cache-min-sightings", "2")
+            stacks.append(Stack(onnx_dir, tokenizer.address, tmp, args.threads, server.url, sparing))
+            throughput = bench_throughput(stacks[0], stacks[1], client, args)
         finally:
             for stack in stacks:
                 stack.close()

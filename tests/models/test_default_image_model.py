@@ -18,6 +18,7 @@ MODEL = Path(__file__).resolve().parents[2] / "models" / "muestra-image"
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 MAX_BYTES = 15 * 1024 * 1024
 
+
 def _trained_model_present() -> bool:
     """The trained model's folder (the placeholder random pipeline marks its model_index.json)."""
     index = MODEL / "model_index.json"

@@ -12,11 +12,14 @@ class ImageModelConfig:
     threads: int = 1
     image_size: int = 32
     # Text encoder (a small CLIPTextModel) and its tokenizer.
-    vocab_size: int = 1000
+    vocab_size: int = 1000  # at most; the captions yield about 650 tokens
     max_length: int = 16
     text_hidden: int = 64
     text_layers: int = 2
     text_heads: int = 4
+    # The text encoder's warm-up as a caption -> digit classifier (imagegen/text.py).
+    text_warmup_steps: int = 300
+    text_warmup_lr: float = 1e-3
     # VAE: 32x32x3 -> 8x8x4 (three blocks, two of them downsampling).
     vae_channels: tuple[int, ...] = (16, 32, 32)
     vae_latent_channels: int = 4

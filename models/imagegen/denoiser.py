@@ -1,4 +1,8 @@
-"""Stage 2: the text encoder and the UNet, trained together on the frozen VAE's latents (epsilon prediction)."""
+"""Stage 2: the text encoder (warmed up first) and the UNet, trained together on the frozen VAE's latents.
+
+DDPM noise on Stable Diffusion 1.x's schedule, epsilon prediction, an EMA of the weights, and empty captions
+`caption_dropout` of the time so that classifier-free guidance has an unconditional embedding.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler, UNet2DConditionModel
 from tqdm import tqdm
-from transformers import CLIPTextConfig, CLIPTextModel
+from transformers import CLIPTextModel
 
 from imagegen.config import ImageModelConfig
+from imagegen.text import build_text_encoder, caption_token_ids, warm_up_text_encoder
 
 # Stable Diffusion 1.x's noise schedule.
 NOISE_SCHEDULE = {
@@ -22,22 +27,6 @@ NOISE_SCHEDULE = {
     "beta_schedule": "scaled_linear",
     "prediction_type": "epsilon",
 }
-
-
-def build_text_encoder(config: ImageModelConfig, tokenizer) -> CLIPTextModel:
-    return CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=config.text_hidden,
-            intermediate_size=config.text_hidden * 4,
-            num_hidden_layers=config.text_layers,
-            num_attention_heads=config.text_heads,
-            max_position_embeddings=config.max_length,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
 
 
 def build_unet(config: ImageModelConfig, latent_size: int) -> UNet2DConditionModel:
@@ -53,6 +42,10 @@ def build_unet(config: ImageModelConfig, latent_size: int) -> UNet2DConditionMod
         cross_attention_dim=config.text_hidden,
         attention_head_dim=config.unet_attention_heads,
         norm_num_groups=min(32, config.unet_channels[0]),
+        # The prompt also reaches every ResNet block through the time embedding (attention-pooled, as in
+        # DeepFloyd IF), which makes the digit condition far quicker to learn than cross-attention alone.
+        addition_embed_type="text",
+        addition_embed_type_num_heads=config.unet_attention_heads,
     )
 
 
@@ -74,14 +67,14 @@ def train_denoiser(
     """Train on latents sampled from the VAE posterior (times scaling_factor); return the EMA text encoder and UNet."""
     generator = torch.Generator().manual_seed(config.seed + 1)
     pick = random.Random(config.seed + 1)
-    # Every caption's token ids once; index 0 is the empty caption that stands for "no prompt".
-    texts = [""] + [caption for digit_captions in captions for caption in digit_captions]
+    # Every caption's token ids once; row 0 is the empty caption that stands for "no prompt".
+    token_ids, classes = caption_token_ids(tokenizer, captions, config.max_length)
     first = [1]
     for digit_captions in captions:
         first.append(first[-1] + len(digit_captions))
-    token_ids = tokenizer(texts, padding="max_length", max_length=config.max_length, return_tensors="pt").input_ids
 
     text_encoder = build_text_encoder(config, tokenizer)
+    warm_up_text_encoder(text_encoder, token_ids, classes, config)
     unet = build_unet(config, latent_mean.shape[-1])
     ema_text_encoder, ema_unet = copy.deepcopy(text_encoder), copy.deepcopy(unet)
     noise_scheduler = DDPMScheduler(**NOISE_SCHEDULE)
@@ -108,8 +101,8 @@ def train_denoiser(
         unique, inverse = torch.unique(torch.tensor(caption_index), return_inverse=True)
         hidden = text_encoder(token_ids[unique]).last_hidden_state[inverse]
 
-        noise_std = torch.randn(latent_mean[rows].shape, generator=generator)
-        latents = (latent_mean[rows] + latent_std[rows] * noise_std) * scaling_factor
+        posterior_noise = torch.randn(latent_mean[rows].shape, generator=generator)
+        latents = (latent_mean[rows] + latent_std[rows] * posterior_noise) * scaling_factor
         noise = torch.randn(latents.shape, generator=generator)
         timesteps = torch.randint(noise_scheduler.config.num_train_timesteps, (len(rows),), generator=generator)
         noisy = noise_scheduler.add_noise(latents, noise, timesteps)

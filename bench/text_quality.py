@@ -1,6 +1,6 @@
 """Held-out perplexity of the default text model's exported ONNX graph against a unigram baseline, and samples.
 
-    .venv/bin/python bench/text_quality.py [--model models/muestra-text ...] [--samples 4]
+    .venv/bin/python -m bench.text_quality [--model models/muestra-text ...] [--samples 4]
 
 The held-out text is text_corpus.py's evaluation split (whole stdlib modules the model never saw),
 tokenized with the model's own tokenizer, documents joined by <|eos|> as in training, cut into
@@ -106,7 +106,8 @@ def main() -> None:
     import onnxruntime as ort
 
     started = time.monotonic()
-    train_docs, held_out_docs = text_corpus.split()
+    documents = text_corpus.documents()
+    train_docs, held_out_docs = text_corpus.split(documents)
     tokenizer = Tokenizer.from_file(str(folders[0] / "tokenizer.json"))
     eos_id = tokenizer.token_to_id("<|eos|>")
     train_ids = np.array(token_stream(tokenizer, train_docs, eos_id), dtype=np.int64)
@@ -117,7 +118,7 @@ def main() -> None:
     scored = np.concatenate([window[1:] for window in windows])
     unigram_nll = float(-unigram_log_probs(train_ids, tokenizer.get_vocab_size())[scored].sum())
     print(
-        f"corpus {text_corpus.corpus_sha256(train_docs + held_out_docs)[:12]} (Python {sys.version.split()[0]}): "
+        f"corpus {text_corpus.corpus_sha256(documents)[:12]} (Python {sys.version.split()[0]}): "
         f"train {len(train_ids):,} tokens; held out {len(held_out_docs)} documents, {held_out_bytes:,} bytes, "
         f"{len(held_out_ids):,} tokens in {len(windows)} windows of {context}; {len(scored):,} scored",
         flush=True,

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CORPUS_PYTHON = "3.11.7"
-# Test suites and generated codec tables are not prose; the build config is not either.
+# Left out: the top-level test suite (1.8 MB of mostly scaffolding comments), the generated codec tables of
+# encodings/ (character maps, not prose), the build configuration, and two test packages of their own.
 EXCLUDED_TOP_LEVEL = ("test", "encodings", "idlelib/idle_test", "lib2to3/tests", "tkinter/test", "config-")
 HELD_OUT_FRACTION = 0.05
 _RULER = re.compile(r"^[\W_]*$")  # comment lines of only punctuation: rulers, separators, empty '#'

@@ -29,7 +29,8 @@ import text_corpus  # noqa: E402  (a sibling script, not an installed module)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # What the exporter writes next to the tokenizer files; replaced in --out, nothing else is touched.
 MODEL_FILES = ("model.onnx", "model.onnx.data", "config.json", "generation_config.json", "muestra_export.json")
-# transformers' generate() order: repetition penalty, temperature, top_k, top_p, then sampling.
+# The default chain (the gateway reads it like transformers' generate()): repetition penalty, temperature, top_p,
+# sample. top_k 0 turns top-k off; left out, transformers' default of 50 would add it.
 GENERATION_CONFIG = {
     "bos_token_id": 0,
     "eos_token_id": 1,
@@ -53,16 +54,17 @@ class ModelShape:
 
 @dataclass
 class TrainSettings:
-    steps: int = 600
-    batch_size: int = 16
-    learning_rate: float = 3e-3
-    min_learning_rate: float = 3e-4
+    steps: int = 2800
+    batch_size: int = 4
+    learning_rate: float = 2e-3
+    min_learning_rate: float = 2e-4
     warmup_steps: int = 40
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
     threads: int = 1
     bf16: bool = True
+    optimizer: str = "muon"
 
 
 def token_stream(tokenizer, documents: list[text_corpus.Document], eos_id: int) -> list[int]:
@@ -122,20 +124,36 @@ def build_model(shape: ModelShape, vocab_size: int, context_length: int):
     return LlamaForCausalLM(config)
 
 
+def optimizers(model, settings: TrainSettings) -> list:
+    """Muon for the blocks' weight matrices; AdamW for the (tied) embedding and the norm gains."""
+    import torch
+
+    matrices = [p for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name]
+    embedding = [p for name, p in model.named_parameters() if "embed_tokens" in name]
+    gains = [p for p in model.parameters() if p.dim() < 2]
+    adamw_groups = [
+        {"params": embedding, "weight_decay": settings.weight_decay},
+        {"params": gains, "weight_decay": 0.0},
+    ]
+    if settings.optimizer == "adamw":
+        adamw_groups.append({"params": matrices, "weight_decay": settings.weight_decay})
+    chosen = [torch.optim.AdamW(adamw_groups, lr=settings.learning_rate, betas=(0.9, 0.95), eps=1e-8, foreach=True)]
+    if settings.optimizer == "muon":
+        # "match_rms_adamw" scales Muon's orthogonalized step to AdamW's size, so one learning rate serves both.
+        chosen.append(
+            torch.optim.Muon(
+                matrices, lr=settings.learning_rate, weight_decay=settings.weight_decay, adjust_lr_fn="match_rms_adamw"
+            )
+        )
+    return chosen
+
+
 def train(model, stream, context_length: int, settings: TrainSettings):
-    """AdamW with warm-up and cosine decay, bf16 autocast; returns the mean loss of the last 20 steps."""
+    """Warm-up and cosine decay, bf16 autocast; returns the mean loss of the last 20 steps."""
     import torch
     from tqdm import tqdm
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.learning_rate,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-        foreach=True,
-    )
+    steppers = optimizers(model, settings)
     generator = torch.Generator().manual_seed(settings.seed)
     model.train()
     recent: list[float] = []
@@ -147,14 +165,16 @@ def train(model, stream, context_length: int, settings: TrainSettings):
     )
     started = time.monotonic()
     for step, batch in enumerate(progress):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, settings)
+        for optimizer in steppers:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, settings)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in steppers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         recent = [*recent[-19:], loss.item()]
         tokens_per_s = (step + 1) * batch.numel() / (time.monotonic() - started)
         progress.set_postfix(loss=f"{sum(recent) / len(recent):.3f}", tok_s=f"{tokens_per_s:.0f}")
@@ -180,49 +200,42 @@ def write_source_folder(model, tokenizer_dir: Path, folder: Path) -> None:
         shutil.copy(tokenizer_dir / name, folder / name)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "muestra-text", help="folder holding the tokenizer")
-    parser.add_argument("--steps", type=int, default=TrainSettings.steps)
-    parser.add_argument("--batch-size", type=int, default=TrainSettings.batch_size)
-    parser.add_argument("--learning-rate", type=float, default=TrainSettings.learning_rate, help="peak AdamW rate")
-    parser.add_argument("--threads", type=int, default=TrainSettings.threads, help="torch CPU threads")
-    parser.add_argument("--seed", type=int, default=TrainSettings.seed)
-    parser.add_argument("--dtype", choices=["float32", "float16", "int8"], default="float32", help="exported weights")
-    parser.add_argument("--keep-checkpoint", type=Path, help="also save the transformers model folder here")
-    args = parser.parse_args(argv)
+def export_into(src: Path, out: Path, dtype: str) -> None:
+    """Export the transformers folder `src` and put the model files next to the tokenizer in `out`."""
+    from muestra.lm.export import export_lm
 
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = Path(tmp) / "onnx"
+        export_dtype = "float32" if dtype == "int8" else dtype
+        export_lm(src, exported, dtype=export_dtype, quantize="int8" if dtype == "int8" else None)
+        for name in MODEL_FILES:
+            (out / name).unlink(missing_ok=True)
+            if (exported / name).is_file():
+                shutil.copy(exported / name, out / name)
+
+
+def train_from_scratch(tokenizer_dir: Path, settings: TrainSettings, checkpoint: Path) -> None:
+    """Train on the corpus's training split and save the transformers folder to `checkpoint`."""
     import torch
     from tokenizers import Tokenizer
 
-    from muestra.lm.export import export_lm
-
-    settings = TrainSettings(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        min_learning_rate=args.learning_rate / 10,
-        seed=args.seed,
-        threads=args.threads,
-    )
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     torch.use_deterministic_algorithms(True)
-
-    tokenizer_dir = args.out
     context_length = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())["model_max_length"]
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     eos_id = tokenizer.token_to_id("<|eos|>")
     assert eos_id == GENERATION_CONFIG["eos_token_id"], "the tokenizer's special ids moved"
 
     started = time.monotonic()
-    train_docs, held_out_docs = text_corpus.split()
+    documents = text_corpus.documents()
+    train_docs, held_out_docs = text_corpus.split(documents)
     if sys.version.split()[0] != text_corpus.CORPUS_PYTHON:
         print(f"note: Python {sys.version.split()[0]}; the committed model was trained on {text_corpus.CORPUS_PYTHON}")
     train_ids = torch.tensor(token_stream(tokenizer, train_docs, eos_id), dtype=torch.long)
     held_out_ids = torch.tensor(token_stream(tokenizer, held_out_docs, eos_id), dtype=torch.long)
     print(
-        f"corpus {text_corpus.corpus_sha256(train_docs + held_out_docs)[:12]}: "
+        f"corpus {text_corpus.corpus_sha256(documents)[:12]}: "
         f"train {len(train_docs)} documents, {len(train_ids):,} tokens; "
         f"held out {len(held_out_docs)} documents, {len(held_out_ids):,} tokens "
         f"({time.monotonic() - started:.0f} s)"
@@ -234,27 +247,48 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"model: {parameters / 1e6:.2f}M parameters; {tokens:,} training tokens ({tokens / len(train_ids):.1f} epochs)"
     )
-    train_started = time.monotonic()
+    wall, cpu = time.monotonic(), time.process_time()
     final_loss = train(model, train_ids, context_length, settings)
-    train_seconds = time.monotonic() - train_started
+    wall, cpu = time.monotonic() - wall, time.process_time() - cpu
     loss = held_out_loss(model, held_out_ids, context_length)
     print(
-        f"trained in {train_seconds / 60:.1f} min: train loss {final_loss:.3f}, "
+        f"trained in {wall / 60:.1f} min ({cpu / 60:.1f} min of CPU): train loss {final_loss:.3f}, "
         f"held-out perplexity in PyTorch ~{math.exp(loss):.1f} (first windows)"
     )
+    write_source_folder(model.float(), tokenizer_dir, checkpoint)
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "muestra-text", help="folder holding the tokenizer")
+    parser.add_argument("--steps", type=int, default=TrainSettings.steps)
+    parser.add_argument("--batch-size", type=int, default=TrainSettings.batch_size)
+    parser.add_argument("--learning-rate", type=float, default=TrainSettings.learning_rate, help="peak rate")
+    parser.add_argument("--optimizer", choices=["muon", "adamw"], default=TrainSettings.optimizer)
+    parser.add_argument("--threads", type=int, default=TrainSettings.threads, help="torch CPU threads")
+    parser.add_argument("--seed", type=int, default=TrainSettings.seed)
+    parser.add_argument("--dtype", choices=["float32", "float16", "int8"], default="float16", help="exported weights")
+    parser.add_argument("--keep-checkpoint", type=Path, help="also save the trained transformers folder here")
+    parser.add_argument("--export-from", type=Path, help="skip training: export this kept checkpoint into --out")
+    args = parser.parse_args(argv)
+
+    started = time.monotonic()
+    settings = TrainSettings(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        min_learning_rate=args.learning_rate / 10,
+        seed=args.seed,
+        threads=args.threads,
+        optimizer=args.optimizer,
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "hf"
-        write_source_folder(model.float(), tokenizer_dir, src)
-        if args.keep_checkpoint:
-            shutil.copytree(src, args.keep_checkpoint, dirs_exist_ok=True)
-        exported = Path(tmp) / "onnx"
-        dtype = "float32" if args.dtype == "int8" else args.dtype
-        export_lm(src, exported, dtype=dtype, quantize="int8" if args.dtype == "int8" else None)
-        for name in MODEL_FILES:
-            (args.out / name).unlink(missing_ok=True)
-            if (exported / name).is_file():
-                shutil.copy(exported / name, args.out / name)
+        checkpoint = args.export_from or Path(tmp) / "hf"
+        if not args.export_from:
+            train_from_scratch(args.out, settings, checkpoint)
+            if args.keep_checkpoint:
+                shutil.copytree(checkpoint, args.keep_checkpoint, dirs_exist_ok=True)
+        export_into(checkpoint, args.out, args.dtype)
     size = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file())
     print(f"wrote {args.out} ({size / 1e6:.1f} MB) in {(time.monotonic() - started) / 60:.1f} min")
     return 0

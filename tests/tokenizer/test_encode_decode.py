@@ -17,6 +17,7 @@ import itertools
 import pytest
 from tokenizers import Tokenizer
 
+from muestra.tokenizer.backend import SMALL_DECODE_IDS
 from muestra.v1 import tokenizer_pb2
 from tests.fixtures.tokenizers import SAMPLE_TEXTS
 
@@ -139,6 +140,21 @@ def test_a_batch_keeps_its_order_and_matches_the_library_batch(tokenizer_stub, r
         e.ids for e in reference_tokenizers["bpe"].encode_batch(texts, add_special_tokens=False)
     ]
     assert decode(tokenizer_stub, "bpe", [list(e.ids) for e in encodings]) == texts
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_small_and_large_decode_batches_both_equal_the_library(tokenizer_stub, reference_tokenizers, kind):
+    """A few short sequences are decoded on the service's loop, a large batch on its thread pool."""
+    reference = reference_tokenizers[kind]
+    texts = [SAMPLE_TEXTS[i % len(SAMPLE_TEXTS)] * (3 + i % 9) for i in range(64)]
+    sequences = [reference_encode(reference, text, add_special_tokens=True) for text in texts]
+    assert sum(map(len, sequences)) > SMALL_DECODE_IDS  # the thread-pool path
+    if isinstance(reference, Tokenizer):
+        expected = [reference.decode(s, skip_special_tokens=True) for s in sequences]
+    else:
+        expected = [reference.decode(s) for s in sequences]  # sentencepiece drops control pieces
+    assert decode(tokenizer_stub, kind, sequences, skip_special_tokens=True) == expected
+    assert decode(tokenizer_stub, kind, sequences[:3], skip_special_tokens=True) == expected[:3]  # on the loop
 
 
 def test_an_empty_model_name_selects_the_first_tokenizer(tokenizer_stub):

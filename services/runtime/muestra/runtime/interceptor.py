@@ -21,7 +21,15 @@ LATENCY = Histogram(
     ["method"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
 )
-_QUIET_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
+# Logged at DEBUG: probes, and the calls a gateway makes once per decode step (one line per
+# token would drown the log; the requests they serve are logged by the gateway). All are counted.
+_QUIET_PREFIXES = (
+    "/grpc.health.",
+    "/grpc.reflection.",
+    "/muestra.v1.LanguageModel/Decode",
+    "/muestra.v1.LanguageModel/Filter",
+    "/muestra.v1.Tokenizer/DetokenizeStep",
+)
 
 
 class _Call:

@@ -6,6 +6,14 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 
+# Below this many ids in all, a batch is decoded on the calling thread: waking a thread pool
+# costs more than the work (a decode step's few short windows take microseconds).
+SMALL_DECODE_IDS = 4096
+
+
+def total_ids(sequences: Sequence[Sequence[int]]) -> int:
+    return sum(len(s) for s in sequences)
+
 
 @dataclasses.dataclass
 class EncodedText:

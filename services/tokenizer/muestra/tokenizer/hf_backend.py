@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from muestra.tokenizer.backend import EncodedText, TokenizerBackend
+from muestra.tokenizer.backend import SMALL_DECODE_IDS, EncodedText, TokenizerBackend, total_ids
 
 
 class TokenizersBackend(TokenizerBackend):
@@ -50,4 +50,7 @@ class TokenizersBackend(TokenizerBackend):
         return [EncodedText(e.ids, e.tokens, e.offsets) for e in encodings]
 
     def decode_batch(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
+        if total_ids(sequences) <= SMALL_DECODE_IDS:
+            # decode_batch wakes Rust's thread pool, whose threads then spin on the CPUs the lm needs.
+            return [self.tokenizer.decode(list(s), skip_special_tokens=skip_special_tokens) for s in sequences]
         return self.tokenizer.decode_batch([list(s) for s in sequences], skip_special_tokens=skip_special_tokens)

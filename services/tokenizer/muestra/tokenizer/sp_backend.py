@@ -8,7 +8,7 @@ from pathlib import Path
 
 import sentencepiece
 
-from muestra.tokenizer.backend import EncodedText, TokenizerBackend
+from muestra.tokenizer.backend import SMALL_DECODE_IDS, EncodedText, TokenizerBackend, total_ids
 
 
 class SentencePieceBackend(TokenizerBackend):
@@ -77,7 +77,8 @@ class SentencePieceBackend(TokenizerBackend):
             if skip_special_tokens and not self.control_ids.isdisjoint(seq):
                 seq = [i for i in seq if i not in self.control_ids]
             plain.append(seq)
-        texts = self.processor.decode(plain, num_threads=self.threads)
+        threads = 1 if total_ids(plain) <= SMALL_DECODE_IDS else self.threads
+        texts = self.processor.decode(plain, num_threads=threads)
         if not skip_special_tokens:
             for row, seq in enumerate(plain):
                 if not self.control_ids.isdisjoint(seq):

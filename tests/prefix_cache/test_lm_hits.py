@@ -11,6 +11,7 @@ from muestra.lm.prefix_cache import block_hashes as lm_block_hashes
 from muestra.v1 import lm_pb2
 from tests.fixtures.prefix_cache import (
     BLOCK,
+    FIRST_SIGHT,
     KEY_PREFIX,
     LmClient,
     block_keys,
@@ -112,7 +113,7 @@ def test_two_lm_replicas_share_hits_through_redis(redis_lm, redis_client, tiny_l
     first = redis_lm("llama")
     ids = random_prompt(6 * BLOCK + 5, seed=21)
     cold = _write_blocks(first, redis_client, ids)
-    flags = ("--redis-url", redis_server.url, "--prefix-cache-key-prefix", KEY_PREFIX)
+    flags = ("--redis-url", redis_server.url, "--prefix-cache-key-prefix", KEY_PREFIX, *FIRST_SIGHT)
     second = LmClient.start(tiny_lm("llama").onnx_dir, "llama", prefix_log_dir, *flags)
     try:
         assert second.fingerprint == first.fingerprint
@@ -130,7 +131,7 @@ def test_two_lm_replicas_share_hits_through_redis(redis_lm, redis_client, tiny_l
 
 
 def test_a_restarted_lm_hits_blocks_written_before_the_restart(tiny_lm, redis_server, redis_client, prefix_log_dir):
-    flags = ("--redis-url", redis_server.url, "--prefix-cache-key-prefix", KEY_PREFIX)
+    flags = ("--redis-url", redis_server.url, "--prefix-cache-key-prefix", KEY_PREFIX, *FIRST_SIGHT)
     lm = LmClient.start(tiny_lm("llama").onnx_dir, "llama", prefix_log_dir, *flags)
     ids = random_prompt(4 * BLOCK + 4, seed=31)
     try:
@@ -194,10 +195,14 @@ def test_a_corrupted_block_is_detected_not_used_and_replaced(redis_lm, redis_cli
     assert np.abs(logits - cold).max() <= 1e-4
 
 
-def test_with_min_sightings_two_a_one_off_prompt_is_not_stored(tiny_lm, redis_server, redis_client, prefix_log_dir):
+def test_by_default_a_one_off_prompt_is_not_stored_and_a_repeated_one_is(
+    tiny_lm, redis_server, redis_client, prefix_log_dir
+):
+    """The default --prefix-cache-min-sightings 2: blocks are stored the second time a prompt holds them."""
     flags = ("--redis-url", redis_server.url, "--prefix-cache-key-prefix", KEY_PREFIX)
-    lm = LmClient.start(tiny_lm("llama").onnx_dir, "llama", prefix_log_dir, *flags, "--prefix-cache-min-sightings", "2")
+    lm = LmClient.start(tiny_lm("llama").onnx_dir, "llama", prefix_log_dir, *flags)
     try:
+        assert "a block stored once seen in 2 prompt(s)" in lm.process.log_path.read_text()
         one_off, repeated = random_prompt(3 * BLOCK + 2, seed=61), random_prompt(3 * BLOCK + 2, seed=62)
         lm.prefill_once(one_off, prefix_blocks(lm.fingerprint, one_off, cached_blocks=0))
         for _ in range(2):

@@ -49,6 +49,9 @@ class LmConfig(ServiceConfig):
         default=1 << 30, metadata={"help": "bytes of blocks the in-process cache holds (without --redis-url)"}
     )
     prefix_cache_min_sightings: int = dataclasses.field(
-        default=1,
-        metadata={"help": "store a block once this many prompts holding it were prefilled here (2: skip one-offs)"},
+        default=2,
+        metadata={
+            "help": "store a block once this many prompts holding it were prefilled here (2: a one-off prompt is "
+            "never stored; 1: store everything on first sight)"
+        },
     )

@@ -54,6 +54,9 @@ class ConcatKV:
         `hold` is how many positions the rows will hold after the coming step (a shared buffer's room).
         """
         width = max(p[0].shape[1] for p in pasts)
+        if len(pasts) == 1 and all(a.flags.c_contiguous for a in pasts[0]):
+            # One row needs no padding (a prefix-cache hit runs alone): its arrays are used as they are.
+            return cls([to_device(a[None]) for a in pasts[0]])
         joined = []
         for t in range(len(pasts[0])):
             heads, _, dim = pasts[0][t].shape

@@ -178,7 +178,7 @@ class PrefixCache:
         block_format: BlockFormat,
         key_prefix: str,
         max_block_size: int,
-        min_sightings: int = 1,
+        min_sightings: int = 2,
     ) -> None:
         self.store = store
         self.fingerprint = fingerprint

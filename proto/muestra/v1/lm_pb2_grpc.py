@@ -49,6 +49,11 @@ class LanguageModelStub:
                 request_serializer=muestra_dot_v1_dot_lm__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=muestra_dot_v1_dot_lm__pb2.DecodeResponse.FromString,
                 _registered_method=True)
+        self.DecodeSteps = channel.stream_stream(
+                '/muestra.v1.LanguageModel/DecodeSteps',
+                request_serializer=muestra_dot_v1_dot_lm__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=muestra_dot_v1_dot_lm__pb2.DecodeResponse.FromString,
+                _registered_method=True)
         self.Filter = channel.unary_unary(
                 '/muestra.v1.LanguageModel/Filter',
                 request_serializer=muestra_dot_v1_dot_lm__pb2.FilterRequest.SerializeToString,
@@ -85,6 +90,15 @@ class LanguageModelServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DecodeSteps(self, request_iterator, context):
+        """Decode on one long-lived stream: one response per request, in order. A caller that decodes
+        every step (the gateway's scheduler) saves a call's setup each time. An error ends the stream
+        with the status Decode would give; the caller opens a new one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Filter(self, request, context):
         """Keep, drop or repeat rows of a batch (request removal, n > 1, beam-search reordering).
         """
@@ -114,6 +128,11 @@ def add_LanguageModelServicer_to_server(servicer, server):
             ),
             'Decode': grpc.unary_unary_rpc_method_handler(
                     servicer.Decode,
+                    request_deserializer=muestra_dot_v1_dot_lm__pb2.DecodeRequest.FromString,
+                    response_serializer=muestra_dot_v1_dot_lm__pb2.DecodeResponse.SerializeToString,
+            ),
+            'DecodeSteps': grpc.stream_stream_rpc_method_handler(
+                    servicer.DecodeSteps,
                     request_deserializer=muestra_dot_v1_dot_lm__pb2.DecodeRequest.FromString,
                     response_serializer=muestra_dot_v1_dot_lm__pb2.DecodeResponse.SerializeToString,
             ),
@@ -207,6 +226,33 @@ class LanguageModel:
             request,
             target,
             '/muestra.v1.LanguageModel/Decode',
+            muestra_dot_v1_dot_lm__pb2.DecodeRequest.SerializeToString,
+            muestra_dot_v1_dot_lm__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecodeSteps(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/muestra.v1.LanguageModel/DecodeSteps',
             muestra_dot_v1_dot_lm__pb2.DecodeRequest.SerializeToString,
             muestra_dot_v1_dot_lm__pb2.DecodeResponse.FromString,
             options,

@@ -59,6 +59,11 @@ class TokenizerStub:
                 request_serializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepRequest.SerializeToString,
                 response_deserializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepResponse.FromString,
                 _registered_method=True)
+        self.DetokenizeSteps = channel.stream_stream(
+                '/muestra.v1.Tokenizer/DetokenizeSteps',
+                request_serializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepRequest.SerializeToString,
+                response_deserializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepResponse.FromString,
+                _registered_method=True)
 
 
 class TokenizerServicer:
@@ -99,6 +104,15 @@ class TokenizerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DetokenizeSteps(self, request_iterator, context):
+        """DetokenizeStep on one long-lived stream: one response per request, in order. A caller that
+        detokenizes every decode step (the gateway) saves a call's setup each time. A bad request ends
+        the stream with the status DetokenizeStep would give; the caller opens a new one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TokenizerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +138,11 @@ def add_TokenizerServicer_to_server(servicer, server):
             ),
             'DetokenizeStep': grpc.unary_unary_rpc_method_handler(
                     servicer.DetokenizeStep,
+                    request_deserializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepRequest.FromString,
+                    response_serializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepResponse.SerializeToString,
+            ),
+            'DetokenizeSteps': grpc.stream_stream_rpc_method_handler(
+                    servicer.DetokenizeSteps,
                     request_deserializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepRequest.FromString,
                     response_serializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepResponse.SerializeToString,
             ),
@@ -261,6 +280,33 @@ class Tokenizer:
             request,
             target,
             '/muestra.v1.Tokenizer/DetokenizeStep',
+            muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepRequest.SerializeToString,
+            muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DetokenizeSteps(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/muestra.v1.Tokenizer/DetokenizeSteps',
             muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepRequest.SerializeToString,
             muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepResponse.FromString,
             options,

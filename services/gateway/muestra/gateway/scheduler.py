@@ -20,6 +20,7 @@ from muestra.gateway import metrics
 from muestra.gateway.models import LmReplica, TextModel
 from muestra.gateway.request import BeamGroup, BeamRow, GenerationRequest, Sequence
 from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
+from muestra.gateway.step_stream import StepStream
 from muestra.runtime.errors import MuestraError, ResourceExhausted
 from muestra.v1 import gateway_pb2, lm_pb2, tokenizer_pb2
 
@@ -63,6 +64,10 @@ class ReplicaScheduler:
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.steps = 0
+        # DetokenizeStep runs every step: on one open stream, not a call each time.
+        self.detokenize_stream = StepStream(model.tokenizer.DetokenizeSteps, f"tokenizer of {model.name!r}")
+        # ... and so does Decode. A Decode changes the lm's batches, so a broken step is not retried.
+        self.decode_stream = StepStream(replica.stub.DecodeSteps, f"lm {replica.address}", retry=False)
         # Set by the Router: whether requests may be sent here, and where to send them if not.
         self.healthy = True
         self.router = None
@@ -245,7 +250,7 @@ class ReplicaScheduler:
         for batch_id, rows in new_batches:
             batches.append(lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=[r.pending_token for r in rows]))
             self.rows.extend(rows)
-        reply = await self.replica.stub.Decode(lm_pb2.DecodeRequest(batches=batches))
+        reply = await self.decode_stream.step(lm_pb2.DecodeRequest(batches=batches))
         self.batch_id = reply.batch_id
         self.steps += 1
         return reply
@@ -355,7 +360,7 @@ class ReplicaScheduler:
         ]
         if not active:
             return
-        reply = await self.model.tokenizer.DetokenizeStep(
+        reply = await self.detokenize_stream.step(
             tokenizer_pb2.DetokenizeStepRequest(
                 model=self.model.tokenizer_model,
                 streams=[row.detok.next_stream(final=row.finished) for row in active],

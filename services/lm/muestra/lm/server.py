@@ -163,6 +163,10 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         result, output = await self._decode_step(self._step_output, self.engine.decode, items)
         return lm_pb2.DecodeResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
 
+    async def DecodeSteps(self, request_iterator, context):
+        async for request in request_iterator:
+            yield await self.Decode(request, context)
+
     async def Filter(self, request, context) -> lm_pb2.FilterResponse:
         batch_id, num_rows = await self._on_model_thread(self.engine.filter, request.batch_id, list(request.rows))
         return lm_pb2.FilterResponse(batch_id=batch_id, num_rows=num_rows)

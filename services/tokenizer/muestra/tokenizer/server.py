@@ -190,6 +190,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
         return await self._decode_work(2 * sum(len(s.ids) for s in streams), work)
 
+    async def DetokenizeSteps(self, request_iterator, context):
+        async for request in request_iterator:
+            yield await self.DetokenizeStep(request, context)
+
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 

@@ -9,8 +9,10 @@ every prefix of every string is checked as the end of a stream.
 from __future__ import annotations
 
 import copy
+import queue
 import random
 
+import grpc
 import pytest
 from tokenizers import Tokenizer
 
@@ -152,3 +154,32 @@ def test_advances_are_offsets_from_the_start_of_the_window_sent(tokenizer_stub, 
         len(words),
     )
     assert (held.text, held.prefix_advance, held.read_advance) == ("", 0, len(words))
+
+
+def test_steps_on_one_open_stream_equal_detokenize_step_calls(tokenizer_stub, reference_tokenizers):
+    """DetokenizeSteps answers each request as DetokenizeStep would, in order, on one stream."""
+    ids = library_encode(reference_tokenizers["bpe"], "Streaming 🌍 over one stream, día a día.")
+    requests: queue.Queue = queue.Queue()
+    end = object()
+    replies = tokenizer_stub.DetokenizeSteps(iter(requests.get, end))
+    unary_state, stream_state = DetokenizeState(), DetokenizeState()
+    unary_text, stream_text = "", ""
+    for token in ids:
+        for state in (unary_state, stream_state):
+            state.append(token)
+        request = tokenizer_pb2.DetokenizeStepRequest(model="bpe", streams=[unary_state.next_stream()])
+        unary_text += unary_state.apply(tokenizer_stub.DetokenizeStep(request).deltas[0])
+        requests.put(tokenizer_pb2.DetokenizeStepRequest(model="bpe", streams=[stream_state.next_stream()]))
+        stream_text += stream_state.apply(next(replies).deltas[0])
+        assert stream_text == unary_text
+    requests.put(end)
+    assert list(replies) == []
+    assert stream_text == reference_tokenizers["bpe"].decode(ids)
+
+
+def test_a_bad_request_ends_the_open_stream_with_invalid_argument(tokenizer_stub):
+    bad = tokenizer_pb2.DetokenizeStepRequest(model="bpe", streams=[tokenizer_pb2.DetokenizeStream(ids=[10**9])])
+    with pytest.raises(grpc.RpcError) as raised:
+        list(tokenizer_stub.DetokenizeSteps(iter([bad])))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "streams[0].ids[0]" in raised.value.details()

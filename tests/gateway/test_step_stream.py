@@ -1,0 +1,123 @@
+"""StepStream (unit, with a fake stream): reopening, and retrying only what may be retried."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from muestra.gateway.step_stream import StepStream
+
+
+def rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=code.name)
+
+
+class FakeCall:
+    """A stream that doubles numbers, or fails every exchange with `error`."""
+
+    def __init__(self, error: grpc.aio.AioRpcError | None = None) -> None:
+        self.error = error
+        self.ended = False
+        self.cancelled = False
+        self.request = None
+
+    def done(self) -> bool:
+        return self.ended or self.cancelled
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+    async def write(self, request) -> None:
+        if self.error is not None:
+            raise self.error
+        self.request = request
+
+    async def read(self):
+        return 2 * self.request
+
+
+class Opener:
+    def __init__(self, *calls: FakeCall) -> None:
+        self.calls = list(calls)
+        self.opened: list[FakeCall] = []
+
+    def __call__(self) -> FakeCall:
+        call = self.calls.pop(0) if self.calls else FakeCall()
+        self.opened.append(call)
+        return call
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_one_stream_serves_every_step():
+    opener = Opener()
+    stream = StepStream(opener, "fake")
+
+    async def steps():
+        return [await stream.step(i) for i in range(5)]
+
+    assert run(steps()) == [0, 2, 4, 6, 8]
+    assert len(opener.opened) == 1
+
+
+def test_a_stream_that_ended_while_idle_is_replaced_before_the_step():
+    opener = Opener()
+    stream = StepStream(opener, "fake", retry=False)
+
+    async def steps():
+        first = await stream.step(1)
+        opener.opened[0].ended = True  # the server went away
+        return first, await stream.step(2)
+
+    assert run(steps()) == (2, 4)
+    assert len(opener.opened) == 2
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_a_step_that_breaks_a_reused_stream_is_retried_only_when_allowed(retry):
+    broken = FakeCall()
+    opener = Opener(broken)
+    stream = StepStream(opener, "fake", retry=retry)
+
+    async def steps():
+        await stream.step(1)
+        broken.error = rpc_error(grpc.StatusCode.UNAVAILABLE)
+        return await stream.step(3)
+
+    if retry:
+        assert run(steps()) == 6
+        assert len(opener.opened) == 2 and broken.cancelled
+    else:
+        with pytest.raises(grpc.aio.AioRpcError):
+            run(steps())
+        assert len(opener.opened) == 1 and broken.cancelled
+
+
+def test_a_bad_request_is_not_retried_and_the_next_step_opens_a_new_stream():
+    bad = FakeCall()
+    opener = Opener(bad)
+    stream = StepStream(opener, "fake")
+
+    async def steps():
+        await stream.step(1)
+        bad.error = rpc_error(grpc.StatusCode.INVALID_ARGUMENT)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stream.step(2)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        return await stream.step(5)
+
+    assert run(steps()) == 10
+    assert len(opener.opened) == 2
+
+
+def test_a_failure_on_a_fresh_stream_is_raised_at_once():
+    opener = Opener(FakeCall(rpc_error(grpc.StatusCode.UNAVAILABLE)))
+    stream = StepStream(opener, "fake")
+    with pytest.raises(grpc.aio.AioRpcError):
+        run(stream.step(1))
+    assert len(opener.opened) == 1

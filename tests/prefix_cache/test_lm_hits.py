@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from muestra.lm.prefix_cache import block_hashes as lm_block_hashes
+from muestra.runtime.prefix_hash import block_hashes
 from muestra.v1 import lm_pb2
 from tests.fixtures.prefix_cache import (
     BLOCK,
@@ -73,18 +73,25 @@ def test_the_last_prompt_token_is_always_computed(redis_lm, redis_client):
     assert np.abs(hit - cold).max() <= 1e-4
 
 
-def test_gateway_and_lm_compute_the_same_hash_chain(redis_lm):
-    fingerprint = redis_lm("llama").fingerprint
-    from muestra.gateway.prefix import block_hashes as gateway_block_hashes
+def test_the_hash_chain_is_the_documented_one(redis_lm):
+    """Recomputed here from docs/prefix_cache.md with hashlib, apart from the code the services share."""
+    import hashlib
+    import struct
 
+    fingerprint = redis_lm("llama").fingerprint
     ids = random_prompt(100, seed=3)
-    assert gateway_block_hashes(fingerprint, ids, 8) == lm_block_hashes(fingerprint, ids, 8)
-    assert len(lm_block_hashes(fingerprint, ids[:97], 8)) == 12  # 96 tokens before the last one
-    assert len(lm_block_hashes(fingerprint, ids[:96], 8)) == 11
+    parent = hashlib.blake2b(b"muestra-prefix-v1|" + fingerprint.encode(), digest_size=16).digest()
+    expected = []
+    for start in range(0, 96, 8):
+        parent = hashlib.blake2b(parent + struct.pack("<8I", *ids[start : start + 8]), digest_size=16).digest()
+        expected.append(parent)
+    assert block_hashes(fingerprint, ids, 8) == expected
+    assert len(block_hashes(fingerprint, ids[:97], 8)) == 12  # 96 tokens before the last one
+    assert len(block_hashes(fingerprint, ids[:96], 8)) == 11
     # The chain depends on every earlier token and on the model.
     other = [ids[0] + 1, *ids[1:]]
-    assert not set(lm_block_hashes(fingerprint, ids, 8)) & set(lm_block_hashes(fingerprint, other, 8))
-    assert not set(lm_block_hashes(fingerprint, ids, 8)) & set(lm_block_hashes("other-model", ids, 8))
+    assert not set(block_hashes(fingerprint, ids, 8)) & set(block_hashes(fingerprint, other, 8))
+    assert not set(block_hashes(fingerprint, ids, 8)) & set(block_hashes("other-model", ids, 8))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The gateway's side of the prompt-prefix KV cache: a prompt's block hashes and its longest cached prefix.
 
-The hash chain (the same as the lm service's, muestra.lm.prefix_cache): h_0 = blake2b-128("muestra-prefix-v1|"
+The hash chain (muestra.runtime.prefix_hash, which the lm service uses too): h_0 = blake2b-128("muestra-prefix-v1|"
 + model fingerprint), h_i = blake2b-128(h_{i-1} | block i's ids as little-endian uint32), over the prompt's
 full blocks, leaving its last token out. With Redis, one pipelined EXISTS over the blocks' keys finds how
 many leading blocks are stored. Without Redis every lm replica keeps its own blocks in process, which the
@@ -10,20 +10,16 @@ longest prefix it holds. Redis failing makes a lookup a miss, counted, with one 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Sequence
 
-import numpy as np
 from prometheus_client import Counter, Histogram
 
+from muestra.runtime.prefix_hash import block_hashes
 from muestra.v1 import lm_pb2
 
 log = logging.getLogger("muestra.gateway.prefix")
-
-HASH_BYTES = 16
-ROOT_TAG = b"muestra-prefix-v1|"
 
 QUERIES = Counter(
     "muestra_prefix_cache_queries_total",
@@ -48,22 +44,6 @@ REDIS_SECONDS = Histogram(
 ERRORS = Counter("muestra_prefix_cache_errors_total", "Prefix-cache lookups that failed (Redis down or slow)")
 INCIDENTS = Counter("muestra_prefix_cache_incidents_total", "Times Redis went from answering lookups to failing")
 SKIPPED = Counter("muestra_prefix_cache_skipped_total", "Lookups skipped during a failure's backoff window")
-
-
-def chain_root(fingerprint: str) -> bytes:
-    return hashlib.blake2b(ROOT_TAG + fingerprint.encode(), digest_size=HASH_BYTES).digest()
-
-
-def block_hashes(fingerprint: str, ids: Sequence[int], block_size: int) -> list[bytes]:
-    """The chained hash of every full block of a prompt, leaving its last token out."""
-    count = max(len(ids) - 1, 0) // block_size
-    data = np.asarray(ids[: count * block_size], dtype="<u4").tobytes()
-    step = 4 * block_size
-    hashes, parent = [], chain_root(fingerprint)
-    for i in range(count):
-        parent = hashlib.blake2b(parent + data[i * step : (i + 1) * step], digest_size=HASH_BYTES).digest()
-        hashes.append(parent)
-    return hashes
 
 
 class LookupHealth:

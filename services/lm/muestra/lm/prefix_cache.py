@@ -34,11 +34,10 @@ from prometheus_client import Counter, Histogram
 
 from muestra.lm.prefix_store import MemoryBlockStore, RedisBlockStore
 from muestra.runtime.errors import InvalidArgument
+from muestra.runtime.prefix_hash import block_hashes
 
 log = logging.getLogger("muestra.lm.prefix_cache")
 
-HASH_BYTES = 16
-ROOT_TAG = b"muestra-prefix-v1|"
 FORMAT_VERSION = 1
 MAGIC = b"MKV\x01"
 # magic, version, dtype code, 0, layers, kv heads, head dim, block tokens, payload bytes,
@@ -70,22 +69,6 @@ BLOCKS_WRITTEN = Counter("muestra_lm_prefix_cache_written_blocks_total", "Blocks
 DROPPED = Counter(
     "muestra_lm_prefix_cache_dropped_writes_total", "Rows whose blocks were not written: too many writes pending"
 )
-
-
-def chain_root(fingerprint: str) -> bytes:
-    return hashlib.blake2b(ROOT_TAG + fingerprint.encode(), digest_size=HASH_BYTES).digest()
-
-
-def block_hashes(fingerprint: str, ids: Sequence[int], block_size: int) -> list[bytes]:
-    """The chained hash of every full block of a prompt, leaving its last token out."""
-    count = max(len(ids) - 1, 0) // block_size
-    data = np.asarray(ids[: count * block_size], dtype="<u4").tobytes()
-    step = 4 * block_size
-    hashes, parent = [], chain_root(fingerprint)
-    for i in range(count):
-        parent = hashlib.blake2b(parent + data[i * step : (i + 1) * step], digest_size=HASH_BYTES).digest()
-        hashes.append(parent)
-    return hashes
 
 
 @dataclasses.dataclass

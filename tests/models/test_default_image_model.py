@@ -6,12 +6,13 @@ import io
 import json
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from tests.diffusion.client import generate, pixels
+from tests.diffusion.client import generate, pixels, rpc_error
 from tests.fixtures.diffusion_models import TORCH_THREADS, start_diffusion_service, torch_threads
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "muestra-image"
@@ -97,3 +98,22 @@ def test_service_draws_the_digit_each_prompt_names(default_image_service):
         small = torch.nn.functional.interpolate(grey, size=(8, 8), mode="area").reshape(1, 64) * 16
         labels.append(int(classifier.predict(small.numpy())[0]))
     assert sum(label == digit for digit, label in enumerate(labels)) >= 8, labels
+
+
+def test_left_to_choose_the_service_runs_the_small_model_on_one_thread_and_serves_its_size_when_asked(
+    default_image_service, tmp_path
+):
+    """Without --torch-threads the service picks one thread for this 1.5M-parameter UNet; an explicit 32x32
+    (the model's own size, under the default --min-size of 64) is served and equals the default size."""
+    service = start_diffusion_service(MODEL, tmp_path, threads=None)
+    try:
+        asked = generate(service.address, prompt="a handwritten two", seed=11, steps=6, width=32, height=32).images
+        default = generate(default_image_service.address, prompt="a handwritten two", seed=11, steps=6).images
+        assert (asked[0].width, asked[0].height) == (32, 32)
+        assert np.array_equal(pixels(asked[0].png), pixels(default[0].png))
+        assert "torch threads: 1 (a UNet of 1.5M parameters" in service.process.log_path.read_text()
+        error = rpc_error(service.address, prompt="a handwritten two", width=24, height=32)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "width" in error.details() and "32" in error.details()
+    finally:
+        service.process.stop()

@@ -75,6 +75,7 @@ class DiffusionEngine:
         self.device: torch.device = pipe.device
         self.dtype: torch.dtype = pipe.unet.dtype
         self.pipeline_class = type(pipe).__name__
+        self.unet_parameters = sum(p.numel() for p in pipe.unet.parameters())
         self.preview = PREVIEWS[self.pipeline_class]
         # Every request builds a fresh scheduler from the model's own config; keep a pristine copy of it.
         self.base_scheduler = pipe.scheduler

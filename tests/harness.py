@@ -79,15 +79,22 @@ class ServiceProcess:
 class RedisServer:
     """A throwaway redis-server on an ephemeral loopback port, no persistence."""
 
-    def __init__(self, workdir: Path, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, workdir: Path, extra_args: tuple[str, ...] = (), tls: tuple[Path, Path] | None = None) -> None:
+        """`tls` = (certificate, key): serve TLS only on the port (self.url is then rediss:// without a CA)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        scheme = "rediss" if tls else "redis"
+        self.url = f"{scheme}://127.0.0.1:{self.port}/0"
         self.workdir = workdir
+        ports = ["--port", str(self.port)]
+        if tls:
+            cert, key = tls
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
+                     "--tls-key-file", str(key), "--tls-auth-clients", "no"]  # fmt: skip
         self.args = [
-            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            binary, *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--pidfile", str(workdir / f"redis-{self.port}.pid"), "--dir", str(workdir), *extra_args,
         ]  # fmt: skip
         self.start()

@@ -18,6 +18,7 @@ from muestra.lm.outputs import batch_output
 from muestra.lm.prefix_cache import PrefixCache, PrefixPlan
 from muestra.runtime import ServiceSpec
 from muestra.runtime.errors import check_limit
+from muestra.runtime.step_streams import until_drained
 from muestra.v1 import common_pb2, lm_pb2, lm_pb2_grpc
 
 log = logging.getLogger("muestra.lm")
@@ -164,7 +165,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         return lm_pb2.DecodeResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
 
     async def DecodeSteps(self, request_iterator, context):
-        async for request in request_iterator:
+        async for request in until_drained(request_iterator):
             yield await self.Decode(request, context)
 
     async def Filter(self, request, context) -> lm_pb2.FilterResponse:

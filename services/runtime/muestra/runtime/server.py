@@ -18,6 +18,7 @@ from muestra.runtime.channels import channel_options
 from muestra.runtime.config import ServiceConfig
 from muestra.runtime.interceptor import ErrorMappingInterceptor
 from muestra.runtime.logs import configure_logging
+from muestra.runtime.step_streams import draining, reset_draining
 
 log = logging.getLogger("muestra.runtime")
 
@@ -39,6 +40,7 @@ class ServiceSpec:
 
 async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT, then let in-flight requests finish within the grace period."""
+    reset_draining()
     server = grpc.aio.server(
         interceptors=[ErrorMappingInterceptor(), *spec.interceptors], options=channel_options(config.max_message_bytes)
     )
@@ -71,6 +73,7 @@ async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event
     stopper = asyncio.ensure_future(stopping.wait())
     await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
     log.info("%s stopping: %.1fs grace for in-flight requests", spec.name, config.grace_period_s)
+    draining().set()  # idle step streams end (muestra.runtime.step_streams)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_period_s)
     stopper.cancel()

@@ -15,6 +15,7 @@ from typing import TypeVar
 import grpc
 
 from muestra.runtime import FailedPrecondition, InvalidArgument, ResourceExhausted, ServiceSpec
+from muestra.runtime.step_streams import until_drained
 from muestra.tokenizer.backend import SMALL_DECODE_IDS
 from muestra.tokenizer.detokenize import Window, detokenize_step
 from muestra.tokenizer.loader import LoadedTokenizer
@@ -191,7 +192,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         return await self._decode_work(2 * sum(len(s.ids) for s in streams), work)
 
     async def DetokenizeSteps(self, request_iterator, context):
-        async for request in request_iterator:
+        async for request in until_drained(request_iterator):
             yield await self.DetokenizeStep(request, context)
 
     def close(self) -> None:

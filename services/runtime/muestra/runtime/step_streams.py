@@ -1,0 +1,56 @@
+"""The server side of a long-lived step stream (lm DecodeSteps, tokenizer DetokenizeSteps).
+
+A caller keeps such a stream open between steps, even when it has nothing to send. On SIGTERM the
+runtime waits up to its grace period for in-flight calls, and an open stream is one: so once the
+service is draining, a stream is ended when its caller leaves it idle for IDLE_AFTER_DRAIN_S, and
+the service stops as soon as its real work is done. The caller opens a new stream (to another
+replica) for its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# Once draining, how long a stream may wait for its next request before it is ended.
+IDLE_AFTER_DRAIN_S = 0.5
+
+_draining: asyncio.Event | None = None
+
+
+def draining() -> asyncio.Event:
+    """Set when the service starts to stop (the runtime sets it; one per event loop's service)."""
+    global _draining
+    if _draining is None:
+        _draining = asyncio.Event()
+    return _draining
+
+
+def reset_draining() -> None:
+    """A new service in this process starts undrained (tests run several one after another)."""
+    global _draining
+    _draining = None
+
+
+async def until_drained(requests: AsyncIterable[T]) -> AsyncIterator[T]:
+    """The stream's requests, until it ends, or until it idles IDLE_AFTER_DRAIN_S once the service drains."""
+    iterator = aiter(requests)
+    stop = draining()
+    while True:
+        pending = asyncio.ensure_future(anext(iterator))
+        if not stop.is_set():
+            watch = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({pending, watch}, return_when=asyncio.FIRST_COMPLETED)
+            watch.cancel()
+        if not pending.done():
+            await asyncio.wait({pending}, timeout=IDLE_AFTER_DRAIN_S)
+            if not pending.done():
+                pending.cancel()
+                return
+        try:
+            yield pending.result()
+        except StopAsyncIteration:
+            return

@@ -167,7 +167,11 @@ class ReplicaScheduler:
         if keep == list(range(len(rows))):
             return batch_id, kept
         if not keep:
-            await self.replica.stub.Clear(lm_pb2.ClearRequest(batch_ids=[batch_id]))
+            try:
+                await self.replica.stub.Clear(lm_pb2.ClearRequest(batch_ids=[batch_id]))
+            except grpc.aio.AioRpcError as exc:
+                # Every row is done, so nothing is lost: an lm that is gone or stopping frees the batch with it.
+                log.warning("lm %s: freeing a finished batch failed (%s)", self.replica.address, exc.code().name)
             return "", []
         reply = await self.replica.stub.Filter(lm_pb2.FilterRequest(batch_id=batch_id, rows=keep))
         return reply.batch_id, kept

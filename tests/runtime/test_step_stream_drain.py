@@ -1,4 +1,4 @@
-"""SIGTERM and the gateway's open step streams (lm DecodeSteps, tokenizer DetokenizeSteps).
+"""SIGTERM and the gateway's open step streams (lm BatchSteps, tokenizer DetokenizeSteps).
 
 A gateway keeps one stream open to its lm and one to its tokenizer between steps. A draining
 service must still serve the steps of the rows in flight, and must not wait out its whole grace
@@ -42,28 +42,37 @@ def test_services_with_an_idle_open_stream_stop_without_waiting_out_the_grace_pe
 
 
 def test_a_draining_lm_keeps_serving_the_rows_in_flight_over_the_open_stream(tiny_lm, tmp_path):
+    """Two requests in one batch; the shorter one ends during the drain, so the batch is filtered then too."""
     tokenizer, lm = _backends(tiny_lm, tmp_path)
     gateway = start_gateway(tmp_path, tokenizer.address, lm.address)
-    result, streaming = {}, threading.Event()
+    lengths = (480, 300)
+    results: dict[int, object] = {}
+    streaming = [threading.Event() for _ in lengths]
     try:
 
-        def run() -> None:
+        def run(i: int) -> None:
             with Client(gateway.address, timeout=120) as client:
-                generation = client.generate("drain the lm", max_tokens=480, ignore_eos=True, temperature=1.0, seed=3)
+                generation = client.generate(
+                    f"drain the lm {i}", max_tokens=lengths[i], ignore_eos=True, temperature=1.0, seed=i
+                )
                 tokens = 0
                 for delta in generation:
                     tokens += len(delta.token_ids)
                     if tokens >= 5:
-                        streaming.set()  # decode steps are flowing over the open stream
-                result["generation"] = generation
+                        streaming[i].set()  # decode steps are flowing over the open stream
+                results[i] = generation
 
-        thread = threading.Thread(target=run)
-        thread.start()
-        assert streaming.wait(60)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(lengths))]
+        for thread in threads:
+            thread.start()
+        assert all(event.wait(60) for event in streaming)
         assert lm.stop(timeout_s=60) == 0
-        thread.join(60)
-        completion = result["generation"].completions[0]
-        assert completion.completion_tokens == 480 and not completion.error
+        for thread in threads:
+            thread.join(60)
+        for i, length in enumerate(lengths):
+            completion = results[i].completions[0]
+            assert (completion.completion_tokens, completion.error) == (length, "")
+        assert "stopping" in lm.log_tail()
     finally:
         gateway.stop()
         tokenizer.stop()

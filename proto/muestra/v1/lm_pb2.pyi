@@ -206,3 +206,23 @@ class ClearResponse(_message.Message):
     LOAD_FIELD_NUMBER: _ClassVar[int]
     load: ServiceLoad
     def __init__(self, load: _Optional[_Union[ServiceLoad, _Mapping]] = ...) -> None: ...
+
+class BatchStepRequest(_message.Message):
+    __slots__ = ("decode", "filter", "clear")
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    decode: DecodeRequest
+    filter: FilterRequest
+    clear: ClearRequest
+    def __init__(self, decode: _Optional[_Union[DecodeRequest, _Mapping]] = ..., filter: _Optional[_Union[FilterRequest, _Mapping]] = ..., clear: _Optional[_Union[ClearRequest, _Mapping]] = ...) -> None: ...
+
+class BatchStepResponse(_message.Message):
+    __slots__ = ("decode", "filter", "clear")
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    decode: DecodeResponse
+    filter: FilterResponse
+    clear: ClearResponse
+    def __init__(self, decode: _Optional[_Union[DecodeResponse, _Mapping]] = ..., filter: _Optional[_Union[FilterResponse, _Mapping]] = ..., clear: _Optional[_Union[ClearResponse, _Mapping]] = ...) -> None: ...

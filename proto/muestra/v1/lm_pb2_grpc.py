@@ -49,10 +49,10 @@ class LanguageModelStub:
                 request_serializer=muestra_dot_v1_dot_lm__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=muestra_dot_v1_dot_lm__pb2.DecodeResponse.FromString,
                 _registered_method=True)
-        self.DecodeSteps = channel.stream_stream(
-                '/muestra.v1.LanguageModel/DecodeSteps',
-                request_serializer=muestra_dot_v1_dot_lm__pb2.DecodeRequest.SerializeToString,
-                response_deserializer=muestra_dot_v1_dot_lm__pb2.DecodeResponse.FromString,
+        self.BatchSteps = channel.stream_stream(
+                '/muestra.v1.LanguageModel/BatchSteps',
+                request_serializer=muestra_dot_v1_dot_lm__pb2.BatchStepRequest.SerializeToString,
+                response_deserializer=muestra_dot_v1_dot_lm__pb2.BatchStepResponse.FromString,
                 _registered_method=True)
         self.Filter = channel.unary_unary(
                 '/muestra.v1.LanguageModel/Filter',
@@ -90,10 +90,12 @@ class LanguageModelServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def DecodeSteps(self, request_iterator, context):
-        """Decode on one long-lived stream: one response per request, in order. A caller that decodes
-        every step (the gateway's scheduler) saves a call's setup each time. An error ends the stream
-        with the status Decode would give; the caller opens a new one.
+    def BatchSteps(self, request_iterator, context):
+        """Decode, Filter and Clear on one long-lived stream: one response per request, in order. A
+        caller that steps its batches every few milliseconds (the gateway's scheduler) saves a call's
+        setup each time, and a draining service keeps serving the stream's steps for the rows in flight
+        (new calls are refused then). An error ends the stream with the status the unary call would
+        give; the caller opens a new one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -131,10 +133,10 @@ def add_LanguageModelServicer_to_server(servicer, server):
                     request_deserializer=muestra_dot_v1_dot_lm__pb2.DecodeRequest.FromString,
                     response_serializer=muestra_dot_v1_dot_lm__pb2.DecodeResponse.SerializeToString,
             ),
-            'DecodeSteps': grpc.stream_stream_rpc_method_handler(
-                    servicer.DecodeSteps,
-                    request_deserializer=muestra_dot_v1_dot_lm__pb2.DecodeRequest.FromString,
-                    response_serializer=muestra_dot_v1_dot_lm__pb2.DecodeResponse.SerializeToString,
+            'BatchSteps': grpc.stream_stream_rpc_method_handler(
+                    servicer.BatchSteps,
+                    request_deserializer=muestra_dot_v1_dot_lm__pb2.BatchStepRequest.FromString,
+                    response_serializer=muestra_dot_v1_dot_lm__pb2.BatchStepResponse.SerializeToString,
             ),
             'Filter': grpc.unary_unary_rpc_method_handler(
                     servicer.Filter,
@@ -239,7 +241,7 @@ class LanguageModel:
             _registered_method=True)
 
     @staticmethod
-    def DecodeSteps(request_iterator,
+    def BatchSteps(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -252,9 +254,9 @@ class LanguageModel:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/muestra.v1.LanguageModel/DecodeSteps',
-            muestra_dot_v1_dot_lm__pb2.DecodeRequest.SerializeToString,
-            muestra_dot_v1_dot_lm__pb2.DecodeResponse.FromString,
+            '/muestra.v1.LanguageModel/BatchSteps',
+            muestra_dot_v1_dot_lm__pb2.BatchStepRequest.SerializeToString,
+            muestra_dot_v1_dot_lm__pb2.BatchStepResponse.FromString,
             options,
             channel_credentials,
             insecure,

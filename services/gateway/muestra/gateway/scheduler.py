@@ -66,8 +66,9 @@ class ReplicaScheduler:
         self.steps = 0
         # DetokenizeStep runs every step: on one open stream, not a call each time.
         self.detokenize_stream = StepStream(model.tokenizer.DetokenizeSteps, f"tokenizer of {model.name!r}")
-        # ... and so does Decode. A Decode changes the lm's batches, so a broken step is not retried.
-        self.decode_stream = StepStream(replica.stub.DecodeSteps, f"lm {replica.address}", retry=False)
+        # ... and so do Decode, Filter and Clear (a draining lm keeps serving them there). They change
+        # the lm's batches, so a broken step is not retried. Only the loop below uses it, one step at a time.
+        self.batch_stream = StepStream(replica.stub.BatchSteps, f"lm {replica.address}", retry=False)
         # Set by the Router: whether requests may be sent here, and where to send them if not.
         self.healthy = True
         self.router = None
@@ -168,12 +169,12 @@ class ReplicaScheduler:
             return batch_id, kept
         if not keep:
             try:
-                await self.replica.stub.Clear(lm_pb2.ClearRequest(batch_ids=[batch_id]))
+                await self._lm_step(clear=lm_pb2.ClearRequest(batch_ids=[batch_id]))
             except grpc.aio.AioRpcError as exc:
                 # Every row is done, so nothing is lost: an lm that is gone or stopping frees the batch with it.
                 log.warning("lm %s: freeing a finished batch failed (%s)", self.replica.address, exc.code().name)
             return "", []
-        reply = await self.replica.stub.Filter(lm_pb2.FilterRequest(batch_id=batch_id, rows=keep))
+        reply = (await self._lm_step(filter=lm_pb2.FilterRequest(batch_id=batch_id, rows=keep))).filter
         return reply.batch_id, kept
 
     async def _admit(self) -> list[tuple[str, list[Row]]]:
@@ -239,13 +240,16 @@ class ReplicaScheduler:
         argmax = reply.output.rows[0].argmax
         if isinstance(rows[0], Sequence) and len(rows) > 1:
             # n > 1: the completions share this prefill; Filter repeats its row.
-            batch_id = (
-                await self.replica.stub.Filter(lm_pb2.FilterRequest(batch_id=batch_id, rows=[0] * len(rows)))
-            ).batch_id
+            repeat = lm_pb2.FilterRequest(batch_id=batch_id, rows=[0] * len(rows))
+            batch_id = (await self._lm_step(filter=repeat)).filter.batch_id
         index = [0] * len(rows) if logits is not None else [-1] * len(rows)
         await self._accept(rows, logits, index, [argmax] * len(rows))
         await self._detokenize(rows)
         return await self._reshape(batch_id, rows)
+
+    async def _lm_step(self, **step) -> lm_pb2.BatchStepResponse:
+        """One Decode, Filter or Clear over the replica's BatchSteps stream."""
+        return await self.batch_stream.step(lm_pb2.BatchStepRequest(**step))
 
     async def _decode(self, new_batches: list[tuple[str, list[Row]]]) -> lm_pb2.DecodeResponse:
         batches = []
@@ -254,7 +258,7 @@ class ReplicaScheduler:
         for batch_id, rows in new_batches:
             batches.append(lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=[r.pending_token for r in rows]))
             self.rows.extend(rows)
-        reply = await self.decode_stream.step(lm_pb2.DecodeRequest(batches=batches))
+        reply = (await self._lm_step(decode=lm_pb2.DecodeRequest(batches=batches))).decode
         self.batch_id = reply.batch_id
         self.steps += 1
         return reply

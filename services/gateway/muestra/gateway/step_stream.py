@@ -35,7 +35,10 @@ _BROKEN = (grpc.aio.AioRpcError, asyncio.InvalidStateError, StreamEnded)
 
 
 class StepStream:
-    """step(request) -> reply over one stream of `open_stream()` (a stream-stream multicallable)."""
+    """step(request) -> reply over one stream of `open_stream()` (a stream-stream multicallable).
+
+    Failures are raised as grpc.aio.AioRpcError (a stream that ended early as UNAVAILABLE).
+    """
 
     def __init__(self, open_stream: Callable[[], grpc.aio.StreamStreamCall], what: str, retry: bool = True) -> None:
         self._open_stream = open_stream
@@ -53,9 +56,13 @@ class StepStream:
         except _BROKEN as exc:
             self.close()
             if fresh or not self.retry or (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REQUEST_ERRORS):
-                raise
+                raise _as_rpc_error(exc) from exc
             log.info("%s stream broke (%s); retrying the step on a new stream", self.what, exc)
+        try:
             return await self._exchange(request)
+        except _BROKEN as exc:
+            self.close()
+            raise _as_rpc_error(exc) from exc
 
     async def _exchange(self, request):
         if self._call is None:
@@ -72,3 +79,10 @@ class StepStream:
         if self._call is not None:
             self._call.cancel()
             self._call = None
+
+
+def _as_rpc_error(exc: BaseException) -> grpc.aio.AioRpcError:
+    """Callers handle one kind of failure: a stream that ended or was closed reads as UNAVAILABLE."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), str(exc))

@@ -17,7 +17,7 @@ from muestra.lm.model import OnnxDecoder
 from muestra.lm.outputs import batch_output
 from muestra.lm.prefix_cache import PrefixCache, PrefixPlan
 from muestra.runtime import ServiceSpec
-from muestra.runtime.errors import check_limit
+from muestra.runtime.errors import InvalidArgument, check_limit
 from muestra.runtime.step_streams import until_drained
 from muestra.v1 import common_pb2, lm_pb2, lm_pb2_grpc
 
@@ -164,9 +164,17 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         result, output = await self._decode_step(self._step_output, self.engine.decode, items)
         return lm_pb2.DecodeResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
 
-    async def DecodeSteps(self, request_iterator, context):
+    async def BatchSteps(self, request_iterator, context):
         async for request in until_drained(request_iterator):
-            yield await self.Decode(request, context)
+            kind = request.WhichOneof("step")
+            if kind == "decode":
+                yield lm_pb2.BatchStepResponse(decode=await self.Decode(request.decode, context))
+            elif kind == "filter":
+                yield lm_pb2.BatchStepResponse(filter=await self.Filter(request.filter, context))
+            elif kind == "clear":
+                yield lm_pb2.BatchStepResponse(clear=await self.Clear(request.clear, context))
+            else:
+                raise InvalidArgument("step", "give one of decode, filter or clear")
 
     async def Filter(self, request, context) -> lm_pb2.FilterResponse:
         batch_id, num_rows = await self._on_model_thread(self.engine.filter, request.batch_id, list(request.rows))

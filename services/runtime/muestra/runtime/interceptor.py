@@ -27,7 +27,7 @@ _QUIET_PREFIXES = (
     "/grpc.health.",
     "/grpc.reflection.",
     "/muestra.v1.LanguageModel/Decode",
-    "/muestra.v1.LanguageModel/DecodeSteps",
+    "/muestra.v1.LanguageModel/BatchSteps",
     "/muestra.v1.LanguageModel/Filter",
     "/muestra.v1.Tokenizer/DetokenizeStep",
     "/muestra.v1.Tokenizer/DetokenizeSteps",

@@ -1,4 +1,4 @@
-"""The server side of a long-lived step stream (lm DecodeSteps, tokenizer DetokenizeSteps).
+"""The server side of a long-lived step stream (lm BatchSteps, tokenizer DetokenizeSteps).
 
 A caller keeps such a stream open between steps, even when it has nothing to send. On SIGTERM the
 runtime waits up to its grace period for in-flight calls, and an open stream is one: so once the

@@ -1,4 +1,5 @@
-"""DecodeSteps (Decode on one open stream) gives what Decode gives, and ends the stream on bad input."""
+"""BatchSteps (Decode, Filter and Clear on one open stream) gives what the unary calls give, and ends
+the stream on bad input."""
 
 from __future__ import annotations
 
@@ -16,15 +17,21 @@ _END = object()
 
 
 class OpenStream:
-    """One DecodeSteps call driven a request at a time: step(request) sends it and waits for its reply."""
+    """One BatchSteps call driven a request at a time: step(request) sends it and waits for its reply."""
 
     def __init__(self, stub) -> None:
         self._requests: queue.Queue = queue.Queue()
-        self._replies = stub.DecodeSteps(iter(self._requests.get, _END))
+        self._replies = stub.BatchSteps(iter(self._requests.get, _END))
 
-    def step(self, request: lm_pb2.DecodeRequest) -> lm_pb2.DecodeResponse:
+    def step(self, request) -> lm_pb2.DecodeResponse:
+        """A DecodeRequest's reply; other steps (filter, clear) through send()."""
+        return self.send(lm_pb2.BatchStepRequest(decode=request)).decode
+
+    def send(self, request: lm_pb2.BatchStepRequest) -> lm_pb2.BatchStepResponse:
         self._requests.put(request)
-        return next(self._replies)
+        reply = next(self._replies)
+        assert reply.WhichOneof("step") == request.WhichOneof("step")
+        return reply
 
     def close(self) -> None:
         self._requests.put(_END)
@@ -55,10 +62,30 @@ def test_steps_on_one_stream_equal_unary_decode_and_a_full_recompute(lm_service,
         worst_stream = max(worst_stream, float(np.abs(got_streamed - got_unary).max()))
         for row, sequence in enumerate(sequences):
             worst_torch = max(worst_torch, float(np.abs(got_streamed[row] - torch_last_logits(model, sequence)).max()))
+    # Filter on the stream (row 1 twice, as n > 1 or a beam would) equals Filter then Decode by unary calls.
+    unary_kept = service.stub.Filter(lm_pb2.FilterRequest(batch_id=batch_unary, rows=[1, 1])).batch_id
+    kept = stream.send(lm_pb2.BatchStepRequest(filter=lm_pb2.FilterRequest(batch_id=batch_streamed, rows=[1, 1])))
+    assert kept.filter.num_rows == 2
+    token = int(got_unary[1].argmax())
+    unary_after = logits(decode(service.stub, (unary_kept, [token, token])).output)
+    streamed = stream.step(one_step(kept.filter.batch_id, [token, token]))
+    assert np.array_equal(logits(streamed.output), unary_after)
+    # Clear on the stream frees the batch: the service holds no rows of it afterwards.
+    rows_before = service.stub.Describe(lm_pb2.DescribeModelRequest()).load.rows
+    cleared = stream.send(lm_pb2.BatchStepRequest(clear=lm_pb2.ClearRequest(batch_ids=[streamed.batch_id])))
+    assert cleared.clear.load.rows == rows_before - 2
     stream.close()
     assert worst_stream == 0.0
     assert worst_torch <= 1e-4
-    service.stub.Clear(lm_pb2.ClearRequest(batch_ids=[batch_unary, batch_streamed]))
+    service.stub.Clear(lm_pb2.ClearRequest(batch_ids=[batch_unary, unary_kept]))
+
+
+def test_an_empty_step_is_refused_naming_the_field(lm_service):
+    stream = OpenStream(lm_service("llama").stub)
+    with pytest.raises(grpc.RpcError) as raised:
+        stream.send(lm_pb2.BatchStepRequest())
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "step" in raised.value.details()
 
 
 def test_a_bad_step_ends_the_stream_with_invalid_argument_and_the_service_keeps_serving(lm_service):

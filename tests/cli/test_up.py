@@ -74,9 +74,10 @@ def test_up_serves_the_default_models_and_stops_cleanly_on_ctrl_c(tmp_path):
         gen = subprocess.run(
             [*MUESTRA, "generate", "El cielo es", "--max-tokens", "12", "--temperature", "0.7", "--top-p", "0.9",
              "--seed", "1", "--json", "--gateway", services["gateway"][0]],
-            capture_output=True, text=True, timeout=120, check=True,
-        ).stdout  # fmt: skip
-        assert '"completion_tokens": 12' in gen
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert gen.returncode == 0, gen.stderr + "\n".join(lines)
+        assert '"completion_tokens": 12' in gen.stdout
         if "diffusion" in services:  # a default image model ships in models/muestra-image
             png = tmp_path / "seven.png"
             subprocess.run(

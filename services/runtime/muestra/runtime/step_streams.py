@@ -38,19 +38,21 @@ def reset_draining() -> None:
 async def until_drained(requests: AsyncIterable[T]) -> AsyncIterator[T]:
     """The stream's requests, until it ends, or until it idles IDLE_AFTER_DRAIN_S once the service drains."""
     iterator = aiter(requests)
-    stop = draining()
-    while True:
-        pending = asyncio.ensure_future(anext(iterator))
-        if not stop.is_set():
-            watch = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({pending, watch}, return_when=asyncio.FIRST_COMPLETED)
-            watch.cancel()
-        if not pending.done():
-            await asyncio.wait({pending}, timeout=IDLE_AFTER_DRAIN_S)
+    # One watcher for the whole stream, not one per step: this runs for every decode step.
+    watch = asyncio.ensure_future(draining().wait())
+    try:
+        while True:
+            pending = asyncio.ensure_future(anext(iterator))
+            if not watch.done():
+                await asyncio.wait({pending, watch}, return_when=asyncio.FIRST_COMPLETED)
             if not pending.done():
-                pending.cancel()
+                await asyncio.wait({pending}, timeout=IDLE_AFTER_DRAIN_S)
+                if not pending.done():
+                    pending.cancel()
+                    return
+            try:
+                yield pending.result()
+            except StopAsyncIteration:
                 return
-        try:
-            yield pending.result()
-        except StopAsyncIteration:
-            return
+    finally:
+        watch.cancel()

@@ -22,12 +22,14 @@ def main(argv: list[str] | None = None) -> None:
     keys = [key.strip() for key in config.api_keys.split(",") if key.strip()]
 
     http_servers = []
+    servicers: list[GatewayServicer] = []
 
     async def register(server) -> list[str]:
         samplers = SamplerRegistry.load()
         log.info("samplers: %s", ", ".join(samplers.names()))
         await registry.connect(config)
         servicer = GatewayServicer(config, registry, samplers)
+        servicers.append(servicer)
         gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
         if keys:
             log.info("API keys required (%d configured)", len(keys))
@@ -43,8 +45,17 @@ def main(argv: list[str] | None = None) -> None:
             await http_server.stop()
         await registry.close()
 
+    def health_problem() -> str | None:
+        return servicers[0].watchdog.problem() if servicers else None
+
     run_service(
-        ServiceSpec(name="gateway", register=register, close=close, interceptors=[ApiKeyInterceptor(keys)]),
+        ServiceSpec(
+            name="gateway",
+            register=register,
+            close=close,
+            interceptors=[ApiKeyInterceptor(keys)],
+            health_probe=health_problem,
+        ),
         config,
     )
 

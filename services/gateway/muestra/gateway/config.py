@@ -33,6 +33,22 @@ class GatewayConfig(ServiceConfig):
     affinity_tokens: int = _f(32, "prompts sharing this many leading tokens go to the same lm replica")
     health_interval_s: float = _f(2.0, "seconds between health checks (and DNS lookups) of lm replicas")
     health_timeout_s: float = _f(1.0, "a replica whose health check takes longer is taken out")
+    lm_timeout_s: float = _f(
+        120.0,
+        "longest wait for an lm replica to answer a Prefill or a decode step; past it the replica's requests "
+        "fail (or move, if they have streamed nothing) and it leaves the rotation until its health check passes",
+    )
+    tokenizer_timeout_s: float = _f(
+        30.0, "longest wait for the tokenizer to answer one call; past it the requests waiting on it fail (UNAVAILABLE)"
+    )
+    diffusion_timeout_s: float = _f(
+        900.0, "longest an image request may take at the diffusion service (a shorter client deadline wins)"
+    )
+    watchdog_s: float = _f(
+        300.0,
+        "a scheduler that has work and makes no progress this long turns the gateway's health NOT_SERVING and logs "
+        "what it waits for (0: off)",
+    )
     redis_url: str = _f("", "Redis URL for the prompt-prefix KV cache (empty: in-process cache)")
     redis_timeout_s: float = _f(0.25, "Redis connect and socket timeout for prefix lookups; slower is a miss")
     prefix_cache_block_size: int = _f(32, "tokens per prefix-cache block (0: no prefix cache)")

@@ -27,6 +27,9 @@ GENERATION_TOKENS = Counter("muestra_generation_tokens_total", "Tokens generated
 REQUESTS_FINISHED = Counter(
     "muestra_request_success_total", "Finished completions by reason (vllm:request_success)", ["model", "finish_reason"]
 )
+REQUESTS_FAILED = Counter(
+    "muestra_request_failures_total", "Requests that ended with an error status, by status", ["model", "code"]
+)
 RUNNING = Gauge("muestra_num_requests_running", "Rows in lm batches (vllm:num_requests_running)", ["model", "replica"])
 WAITING = Gauge(
     "muestra_num_requests_waiting", "Requests waiting for admission (vllm:num_requests_waiting)", ["model", "replica"]

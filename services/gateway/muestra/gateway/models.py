@@ -90,6 +90,14 @@ def _endpoints_from_config(config) -> tuple[dict, dict]:
     return text, image
 
 
+# Each start-up call to a backend gets this long before it is tried again.
+_CONNECT_CALL_S = 10.0
+
+
+def _describe_lm(replica: LmReplica):
+    return replica.stub.Describe(lm_pb2.DescribeModelRequest(), timeout=_CONNECT_CALL_S)
+
+
 async def _retry(what: str, call, deadline: float):
     while True:
         try:
@@ -130,13 +138,13 @@ class ModelRegistry:
                 LmReplica(addr, lm_pb2_grpc.LanguageModelStub(channel), channel)
                 for addr, channel in zip(addresses, channels, strict=True)
             ]
-            lm_info = await _retry(
-                f"lm {spec['lm'][0]}", lambda r=replicas[0]: r.stub.Describe(lm_pb2.DescribeModelRequest()), deadline
-            )
+            lm_info = await _retry(f"lm {spec['lm'][0]}", lambda r=replicas[0]: _describe_lm(r), deadline)
             tok_model = spec.get("tokenizer_model", "")
             tok_info = await _retry(
                 f"tokenizer {spec['tokenizer']}",
-                lambda t=tokenizer, m=tok_model: t.Describe(tokenizer_pb2.DescribeTokenizerRequest(model=m)),
+                lambda t=tokenizer, m=tok_model: t.Describe(
+                    tokenizer_pb2.DescribeTokenizerRequest(model=m), timeout=_CONNECT_CALL_S
+                ),
                 deadline,
             )
             model = TextModel(
@@ -154,15 +162,13 @@ class ModelRegistry:
                 targets=tuple(spec["lm"]),
             )
             for replica in replicas[1:]:
-                other = await _retry(
-                    f"lm {replica.address}", lambda r=replica: r.stub.Describe(lm_pb2.DescribeModelRequest()), deadline
-                )
+                other = await _retry(f"lm {replica.address}", lambda r=replica: _describe_lm(r), deadline)
                 if other.fingerprint != model.fingerprint:
                     raise RuntimeError(f"lm replicas of {model.name} serve different models: {replica.address}")
             if config.prefix_cache_block_size > 0:
                 model.prefix_cache = PrefixLookup(
                     model.name, model.fingerprint, config.prefix_cache_block_size,
-                    config.prefix_cache_key_prefix, self._redis, prefix_health,
+                    config.prefix_cache_key_prefix, self._redis, prefix_health, config.redis_timeout_s,
                 )  # fmt: skip
             self.text[model.name] = model
             self.default_text = self.default_text or model.name
@@ -188,10 +194,14 @@ class ModelRegistry:
             stub = diffusion_pb2_grpc.DiffusionStub(self._channel(spec["diffusion"], config.max_message_bytes))
             info = await _retry(
                 f"diffusion {spec['diffusion']}",
-                lambda s=stub: s.Describe(diffusion_pb2.DescribeDiffusionRequest()),
+                lambda s=stub: s.Describe(diffusion_pb2.DescribeDiffusionRequest(), timeout=_CONNECT_CALL_S),
                 deadline,
             )
-            schedulers = await stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest())
+            schedulers = await _retry(
+                f"diffusion {spec['diffusion']}",
+                lambda s=stub: s.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=_CONNECT_CALL_S),
+                deadline,
+            )
             names = {n for s in schedulers.schedulers for n in (s.name, *s.aliases)}
             model = ImageModel(
                 name or info.model, spec["diffusion"], stub, [s.name for s in schedulers.schedulers], names

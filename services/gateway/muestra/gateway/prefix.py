@@ -10,6 +10,7 @@ longest prefix it holds. Redis failing makes a lookup a miss, counted, with one 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -100,8 +101,12 @@ class LookupHealth:
 class PrefixLookup:
     """Finds the longest cached prefix of a model's prompts and builds the PrefillRow.prefix for it."""
 
-    def __init__(self, model: str, fingerprint: str, block_size: int, key_prefix: str, redis=None, health=None):
+    def __init__(
+        self, model: str, fingerprint: str, block_size: int, key_prefix: str, redis=None, health=None, timeout_s=0.25
+    ):
         self.model = model
+        # The client's socket timeout bounds each read; this bounds the whole pipeline (a miss after it).
+        self.pipeline_timeout_s = 4 * timeout_s
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.key_prefix = key_prefix
@@ -128,8 +133,8 @@ class PrefixLookup:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for block_hash in hashes:
                     pipe.exists(self.key_prefix + block_hash.hex())
-                present = await pipe.execute()
-        except (redis.RedisError, OSError) as exc:
+                present = await asyncio.wait_for(pipe.execute(), self.pipeline_timeout_s)
+        except (redis.RedisError, OSError, asyncio.TimeoutError) as exc:
             self.health.failed(exc)
             return 0
         REDIS_SECONDS.observe(time.perf_counter() - started)

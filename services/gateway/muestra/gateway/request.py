@@ -6,10 +6,13 @@ import asyncio
 import dataclasses
 import time
 
+import grpc
+
 from muestra.gateway import metrics
 from muestra.gateway.sampling import SamplingRow, SearchRequest
 from muestra.gateway.stops import StopStringMatcher
 from muestra.runtime.detokenize import DetokenizeState
+from muestra.runtime.errors import MuestraError
 from muestra.v1 import gateway_pb2
 
 
@@ -42,6 +45,9 @@ class GenerationRequest:
     # lm rows this request occupies (n, or the number of beams).
     rows: int = 1
     emitted: int = 0
+    # Replicas that took this request: one whose replica fails before it streams may move once.
+    attempts: int = 0
+    failed: bool = False
 
     @property
     def started(self) -> bool:
@@ -49,12 +55,23 @@ class GenerationRequest:
         return self.emitted > 0
 
     def emit(self, message: gateway_pb2.GenerateResponse) -> None:
+        if self.failed:
+            return
         self.emitted += 1
         self.out.put_nowait(message)
 
     def fail(self, exc: BaseException) -> None:
-        """End the whole request with an error status (only before anything was streamed)."""
+        """End the whole request with an error status; what it has streamed so far stays streamed.
+
+        Nobody reads its stream after that, so its rows leave the batch as a cancelled request's do.
+        """
+        if self.failed:
+            return
+        self.failed = True
+        self.cancelled = True
         self.out.put_nowait(exc)
+        code = exc.code if isinstance(exc, MuestraError) else grpc.StatusCode.INTERNAL
+        metrics.REQUESTS_FAILED.labels(self.model_name, code.name.lower()).inc()
 
 
 class Sequence:
@@ -96,6 +113,9 @@ class Sequence:
 
     def emit_done(self, error: str = "") -> None:
         if self.done_sent:
+            return
+        if self.request.failed:  # the stream already ended with the request's error
+            self.done_sent = True
             return
         error = error or self.error
         self.done_sent = True

@@ -46,7 +46,7 @@ class Router:
         self.task: asyncio.Task | None = None
 
     def _add(self, replica: LmReplica) -> ReplicaScheduler:
-        scheduler = ReplicaScheduler(self.model, replica, self.config.max_batch_rows, self.config.max_queue)
+        scheduler = ReplicaScheduler(self.model, replica, self.config)
         scheduler.router = self
         self.schedulers[replica.address] = scheduler
         return scheduler

@@ -4,6 +4,11 @@ Between two decode steps, finished and cancelled rows leave the batch and beam-s
 are reordered (one Filter call, repeats allowed), and waiting requests are prefilled and join
 it (Decode concatenates the new batches with the running one). One Decode call per step
 serves every row; the detokenization of step t overlaps the lm's work on step t+1.
+
+Every await on the lm or the tokenizer has a deadline. When the lm replica fails (or misses a
+deadline) its requests that have not streamed anything move to another replica, once, and the
+others end with UNAVAILABLE naming the replica; when the tokenizer fails, the requests waiting on
+it end with UNAVAILABLE. Either way the loop goes on serving.
 """
 
 from __future__ import annotations
@@ -17,15 +22,28 @@ import grpc
 import numpy as np
 
 from muestra.gateway import metrics
+from muestra.gateway.detokenizer import Detokenizer, TokenizerFailed
 from muestra.gateway.models import LmReplica, TextModel
+from muestra.gateway.progress import Progress
 from muestra.gateway.request import BeamGroup, BeamRow, GenerationRequest, Sequence
 from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
 from muestra.gateway.step_stream import StepStream
-from muestra.runtime.errors import MuestraError, ResourceExhausted
-from muestra.v1 import gateway_pb2, lm_pb2, tokenizer_pb2
+from muestra.runtime.errors import MuestraError, ResourceExhausted, Unavailable
+from muestra.v1 import gateway_pb2, lm_pb2
 
 log = logging.getLogger("muestra.gateway.scheduler")
 Row = Sequence | BeamRow
+
+# Statuses of a Prefill that concern the request, not the replica: that request fails alone.
+_REQUEST_STATUSES = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.INTERNAL,
+)
+# A request that has streamed nothing moves to another replica at most this many times.
+MAX_REROUTES = 1
 
 
 def grpc_error_to_muestra(exc: grpc.aio.AioRpcError) -> MuestraError:
@@ -33,6 +51,14 @@ def grpc_error_to_muestra(exc: grpc.aio.AioRpcError) -> MuestraError:
     error = MuestraError(exc.details() or exc.code().name)
     error.code = exc.code()
     return error
+
+
+class LmFailed(Unavailable):
+    """The lm replica failed a call, or did not answer within the deadline: its batch is lost."""
+
+    def __init__(self, address: str, exc: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"lm replica {address} failed: {exc.code().name} {exc.details() or ''}".rstrip())
+        self.address = address
 
 
 def logits_matrix(output: lm_pb2.BatchOutput) -> np.ndarray | None:
@@ -51,32 +77,43 @@ def _groups(rows: list[Row]) -> dict[BeamGroup, list[int]]:
     return groups
 
 
+def _requests(rows: list[Row]) -> list[GenerationRequest]:
+    return list(dict.fromkeys(row.request for row in rows))
+
+
 class ReplicaScheduler:
-    def __init__(self, model: TextModel, replica: LmReplica, max_rows: int, max_queue: int) -> None:
+    def __init__(self, model: TextModel, replica: LmReplica, config) -> None:
         self.model = model
         self.replica = replica
-        self.max_rows = max_rows
-        self.max_queue = max_queue
+        self.name = f"lm {replica.address}"
+        self.max_rows = config.max_batch_rows
+        self.max_queue = config.max_queue
+        self.lm_timeout_s = config.lm_timeout_s
         self.model_info = ModelInfo(model.vocab_size, model.eos_token_ids, model.context_length)
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
         self.rows: list[Row] = []
         self.batch_id = ""
+        # Batches prefilled since the last step, with their rows: the next Decode joins them to the running one.
+        self.joining: list[tuple[str, list[Row]]] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.steps = 0
-        # DetokenizeStep runs every step: on one open stream, not a call each time.
-        self.detokenize_stream = StepStream(model.tokenizer.DetokenizeSteps, f"tokenizer of {model.name!r}")
-        # ... and so do Decode, Filter and Clear (a draining lm keeps serving them there). They change
-        # the lm's batches, so a broken step is not retried. Only the loop below uses it, one step at a time.
-        self.batch_stream = StepStream(replica.stub.BatchSteps, f"lm {replica.address}", retry=False)
+        self.progress = Progress()
+        self.detokenizer = Detokenizer(model, self.progress, config.tokenizer_timeout_s)
+        # Decode, Filter and Clear go over one open stream (a draining lm keeps serving them there).
+        # They change the lm's batches, so a broken step is not retried.
+        self.batch_stream = StepStream(replica.stub.BatchSteps, self.name, retry=False, timeout_s=self.lm_timeout_s)
         # Set by the Router: whether requests may be sent here, and where to send them if not.
         self.healthy = True
         self.router = None
 
-    # -- called by the Generate handlers ------------------------------------------------------
+    # -- called by the Generate handlers and the router -----------------------------------------
 
     def load(self) -> int:
-        return len(self.rows) + sum(r.rows for r in self.waiting)
+        return len(self.rows) + sum(len(rows) for _, rows in self.joining) + sum(r.rows for r in self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.rows or self.joining or self.waiting)
 
     def submit(self, request: GenerationRequest) -> None:
         if len(self.waiting) >= self.max_queue:
@@ -94,36 +131,43 @@ class ReplicaScheduler:
     # -- the loop -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        detok_task: asyncio.Task | None = None
+        detokenizing: asyncio.Task | None = None
         while True:
-            if not self.rows and not self.waiting:
-                if detok_task is not None:
-                    await detok_task
-                    detok_task = None
-                    continue
-                self.wake.clear()
-                await self.wake.wait()
             try:
+                if not self.rows and not self.waiting:
+                    if detokenizing is not None:
+                        task, detokenizing = detokenizing, None
+                        await task
+                        continue
+                    self.progress.moved()
+                    self.wake.clear()
+                    await self.wake.wait()
                 self._expire()
-                self.batch_id, self.rows = await self._reshape(self.batch_id, self.rows)
-                new_batches = await self._admit()
-                if not self.rows and not new_batches:
+                await self._reshape()
+                await self._admit()
+                if not self.rows and not self.joining:
                     continue
                 # The lm works on step t+1 while the tokenizer turns step t into text.
-                reply = await self._decode(new_batches)
-                if detok_task is not None:
-                    await detok_task
-                    detok_task = None
+                reply = await self._decode()
+                if detokenizing is not None:
+                    task, detokenizing = detokenizing, None
+                    await task
                 stepped = await self._accept_step(reply)
                 metrics.RUNNING.labels(self.model.name, self.replica.address).set(len(self.rows))
                 metrics.WAITING.labels(self.model.name, self.replica.address).set(len(self.waiting))
-                detok_task = asyncio.get_running_loop().create_task(self._detokenize(stepped))
-            except Exception as exc:  # the lm or tokenizer failed: end what is in flight, keep serving
+                detokenizing = asyncio.get_running_loop().create_task(self.detokenizer.step(stepped))
+            except LmFailed as exc:
+                detokenizing = await _stop(detokenizing)
+                self._lm_failed(exc)
+            except TokenizerFailed as exc:
+                detokenizing = await _stop(detokenizing)
+                await self._end_all(exc)
+            except Exception:  # a bug: end what is in flight, keep serving
                 log.exception("step failed on %s", self.replica.address)
-                if detok_task is not None:
-                    detok_task.cancel()
-                    detok_task = None
-                self._fail_running(exc)
+                detokenizing = await _stop(detokenizing)
+                await self._end_all(MuestraError(f"internal error in the gateway's scheduler for {self.name}"))
+            finally:
+                self.progress.moved()
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -137,8 +181,12 @@ class ReplicaScheduler:
                 request.cancelled = True
                 request.out.put_nowait(None)
 
-    async def _reshape(self, batch_id: str, rows: list[Row]) -> tuple[str, list[Row]]:
-        """Drop finished rows and reorder beams, with one Filter call when anything changed."""
+    async def _reshape(self) -> None:
+        """Drop finished rows and reorder beams in the running batch."""
+        self.batch_id, self.rows = await self._reshaped(self.batch_id, self.rows)
+
+    async def _reshaped(self, batch_id: str, rows: list[Row]) -> tuple[str, list[Row]]:
+        """`rows` without finished rows and with beams reordered, with one Filter call when anything changed."""
         keep: list[int] = []
         kept: list[Row] = []
         groups = _groups(rows)
@@ -169,17 +217,16 @@ class ReplicaScheduler:
             return batch_id, kept
         if not keep:
             try:
-                await self._lm_step(clear=lm_pb2.ClearRequest(batch_ids=[batch_id]))
-            except grpc.aio.AioRpcError as exc:
+                await self._lm_step("Clear", clear=lm_pb2.ClearRequest(batch_ids=[batch_id]))
+            except LmFailed as exc:
                 # Every row is done, so nothing is lost: an lm that is gone or stopping frees the batch with it.
-                log.warning("lm %s: freeing a finished batch failed (%s)", self.replica.address, exc.code().name)
+                log.warning("freeing a finished batch failed (%s)", exc)
             return "", []
-        reply = (await self._lm_step(filter=lm_pb2.FilterRequest(batch_id=batch_id, rows=keep))).filter
-        return reply.batch_id, kept
+        reply = await self._lm_step("Filter", filter=lm_pb2.FilterRequest(batch_id=batch_id, rows=keep))
+        return reply.filter.batch_id, kept
 
-    async def _admit(self) -> list[tuple[str, list[Row]]]:
+    async def _admit(self) -> None:
         """Prefill waiting requests while rows are free; their first tokens are picked here."""
-        new_batches = []
         used = len(self.rows)
         while self.waiting and used + self.waiting[0].rows <= self.max_rows:
             request = self.waiting.popleft()
@@ -188,21 +235,19 @@ class ReplicaScheduler:
                 continue
             request.admitted = time.monotonic()
             try:
-                batch_id, rows = await self._prefill(request)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and self.router is not None and not request.started:
-                    # The replica is gone and nothing was streamed yet: another replica takes it.
-                    log.warning("lm %s unavailable; rerouting %s", self.replica.address, request.request_id)
-                    self.router.reroute(request, self)
-                    continue
-                request.fail(grpc_error_to_muestra(exc))
-                continue
-            if rows:
-                new_batches.append((batch_id, rows))
-                used += len(rows)
-        return new_batches
+                used += await self._prefill(request)
+            except LmFailed as exc:
+                self._move_or_fail(request, exc)
+                raise
+            except TokenizerFailed as exc:
+                request.fail(exc)
+                raise
+            except MuestraError as exc:
+                request.fail(exc)
+            self.progress.moved()
 
-    async def _prefill(self, request: GenerationRequest) -> tuple[str, list[Row]]:
+    async def _prefill(self, request: GenerationRequest) -> int:
+        """Prefill one request into a batch of its own (in self.joining); the rows it still occupies."""
         chain = request.chain
         if chain.is_search:
             group = BeamGroup(
@@ -219,46 +264,73 @@ class ReplicaScheduler:
             request.open_sequences = len(rows)
             kind = sampling[0].output_kind
         prefix_cache = self.model.prefix_cache if request.prefix_cache else None
-        prefix = await prefix_cache.prefix_blocks(request.prompt_ids) if prefix_cache is not None else None
-        reply = await self.replica.stub.Prefill(
-            lm_pb2.PrefillRequest(
-                rows=[
-                    lm_pb2.PrefillRow(
-                        request_id=request.request_id,
-                        input_ids=request.prompt_ids,
-                        output=lm_pb2.OutputSpec(kind=kind),
-                        prefix=prefix,
-                    )
-                ]
-            )
+        prefix = None
+        if prefix_cache is not None:
+            with self.progress.waiting_for("Redis prefix lookup"):
+                prefix = await prefix_cache.prefix_blocks(request.prompt_ids)
+        request.attempts += 1
+        prefill = lm_pb2.PrefillRequest(
+            rows=[
+                lm_pb2.PrefillRow(
+                    request_id=request.request_id,
+                    input_ids=request.prompt_ids,
+                    output=lm_pb2.OutputSpec(kind=kind),
+                    prefix=prefix,
+                )
+            ]
         )
+        with self.progress.waiting_for(f"{self.name} Prefill"):
+            try:
+                reply = await self.replica.stub.Prefill(prefill, timeout=self._prefill_timeout(request))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _REQUEST_STATUSES:
+                    raise grpc_error_to_muestra(exc) from exc
+                raise LmFailed(self.replica.address, exc) from exc
         request.cached_tokens = reply.output.rows[0].cached_tokens
         if prefix_cache is not None:
             prefix_cache.record_hit(request.cached_tokens)
         batch_id = reply.batch_id
         logits = logits_matrix(reply.output)
         argmax = reply.output.rows[0].argmax
+        joining = [batch_id, []]
+        self.joining.append(joining)  # from now on, a failure handler sees (and frees) this batch
         if isinstance(rows[0], Sequence) and len(rows) > 1:
             # n > 1: the completions share this prefill; Filter repeats its row.
             repeat = lm_pb2.FilterRequest(batch_id=batch_id, rows=[0] * len(rows))
-            batch_id = (await self._lm_step(filter=repeat)).filter.batch_id
+            joining[0] = batch_id = (await self._lm_step("Filter", filter=repeat)).filter.batch_id
+        joining[1] = rows
         index = [0] * len(rows) if logits is not None else [-1] * len(rows)
         await self._accept(rows, logits, index, [argmax] * len(rows))
-        await self._detokenize(rows)
-        return await self._reshape(batch_id, rows)
+        await self.detokenizer.step(rows)
+        joining[0], joining[1] = batch_id, rows = await self._reshaped(batch_id, rows)
+        if not rows:
+            self.joining.remove(joining)
+        return len(rows)
 
-    async def _lm_step(self, **step) -> lm_pb2.BatchStepResponse:
-        """One Decode, Filter or Clear over the replica's BatchSteps stream."""
-        return await self.batch_stream.step(lm_pb2.BatchStepRequest(**step))
+    def _prefill_timeout(self, request: GenerationRequest) -> float:
+        """The lm's deadline, or the request's own when it comes first."""
+        if request.deadline is None:
+            return self.lm_timeout_s
+        return max(0.001, min(self.lm_timeout_s, request.deadline - time.monotonic()))
 
-    async def _decode(self, new_batches: list[tuple[str, list[Row]]]) -> lm_pb2.DecodeResponse:
+    async def _lm_step(self, what: str, **step) -> lm_pb2.BatchStepResponse:
+        """One Decode, Filter or Clear over the replica's BatchSteps stream; LmFailed if it fails."""
+        with self.progress.waiting_for(f"{self.name} BatchSteps {what}"):
+            try:
+                return await self.batch_stream.step(lm_pb2.BatchStepRequest(**step))
+            except grpc.aio.AioRpcError as exc:
+                raise LmFailed(self.replica.address, exc) from exc
+
+    async def _decode(self) -> lm_pb2.DecodeResponse:
         batches = []
         if self.batch_id:
             batches.append(lm_pb2.DecodeBatch(batch_id=self.batch_id, next_ids=[r.pending_token for r in self.rows]))
-        for batch_id, rows in new_batches:
+        for batch_id, rows in self.joining:
             batches.append(lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=[r.pending_token for r in rows]))
             self.rows.extend(rows)
-        reply = (await self._lm_step(decode=lm_pb2.DecodeRequest(batches=batches))).decode
+        # Joined or lost with this call either way: Decode consumes the batches it is given.
+        self.joining = []
+        reply = (await self._lm_step("Decode", decode=lm_pb2.DecodeRequest(batches=batches))).decode
         self.batch_id = reply.batch_id
         self.steps += 1
         return reply
@@ -332,18 +404,9 @@ class ReplicaScheduler:
     async def _finish_beams(self, group: BeamGroup) -> None:
         """A finished search: decode its best hypotheses and stream them as the n completions."""
         hypotheses = group.search.results()[: group.request.n]
-        reply = await self.model.tokenizer.Decode(
-            tokenizer_pb2.DecodeTokensRequest(
-                model=self.model.tokenizer_model,
-                sequences=[
-                    tokenizer_pb2.TokenIds(ids=[i for i in h.token_ids if i < self.model.tokenizer_vocab_size])
-                    for h in hypotheses
-                ],
-                skip_special_tokens=True,
-            )
-        )
+        texts = await self.detokenizer.decode([list(h.token_ids) for h in hypotheses])
         now = time.monotonic()
-        for sequence, hypothesis, text in zip(group.sequences, hypotheses, reply.texts, strict=False):
+        for sequence, hypothesis, text in zip(group.sequences, hypotheses, texts, strict=False):
             sequence.generated = list(hypothesis.token_ids)
             sequence.unsent_ids = list(hypothesis.token_ids)
             sequence.first_token_at = sequence.first_token_at or now
@@ -359,58 +422,54 @@ class ReplicaScheduler:
         for sequence in group.sequences[len(hypotheses) :]:
             sequence.emit_done(error="beam search produced fewer hypotheses than n")
 
-    async def _detokenize(self, rows: list[Row]) -> None:
-        """One DetokenizeStep for every row with new ids; stream the text, apply stop strings."""
-        active = [
-            row
-            for row in rows
-            if isinstance(row, Sequence) and not row.done_sent and (row.detok.pending or row.finished or row.unsent_ids)
-        ]
-        if not active:
-            return
-        reply = await self.detokenize_stream.step(
-            tokenizer_pb2.DetokenizeStepRequest(
-                model=self.model.tokenizer_model,
-                streams=[row.detok.next_stream(final=row.finished) for row in active],
-                skip_special_tokens=True,
-            )
-        )
-        await self._name_logprob_tokens(active)
-        for row, delta in zip(active, reply.deltas, strict=True):
-            text = row.stops.feed(row.detok.apply(delta))
-            if row.stops.matched is not None:
-                row.finish(gateway_pb2.STOP, row.stops.matched)
-            elif row.finished:
-                text += row.stops.flush()
-            if row.request.cancelled:
-                row.emit_done()
-                continue
-            row.emit_text(text)
-            if row.finished:
-                row.emit_done()
+    # -- failures -----------------------------------------------------------------------------
 
-    async def _name_logprob_tokens(self, rows: list[Sequence]) -> None:
-        """Fill in the text of each token listed with logprobs (one Decode call for all of them)."""
-        entries = [entry for row in rows for entry in row.unsent_logprobs if not entry.token]
-        if not entries:
-            return
-        every = {e.token_id for e in entries} | {t.token_id for e in entries for t in e.top}
-        ids = sorted(i for i in every if i < self.model.tokenizer_vocab_size)
-        reply = await self.model.tokenizer.Decode(
-            tokenizer_pb2.DecodeTokensRequest(
-                model=self.model.tokenizer_model, sequences=[tokenizer_pb2.TokenIds(ids=[i]) for i in ids]
-            )
-        )
-        text = dict(zip(ids, reply.texts, strict=True))
-        for entry in entries:
-            entry.token = text.get(entry.token_id, "")
-            for alternative in entry.top:
-                alternative.token = text.get(alternative.token_id, "")
+    def _in_flight(self) -> list[GenerationRequest]:
+        return _requests([*self.rows, *(row for _, rows in self.joining for row in rows)])
 
-    def _fail_running(self, exc: Exception) -> None:
-        message = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-        for row in self.rows:
-            sequences = row.group.sequences if isinstance(row, BeamRow) else [row]
-            for sequence in sequences:
-                sequence.emit_done(error=f"lm replica {self.replica.address} failed: {message}")
-        self.rows, self.batch_id = [], ""
+    def _lm_failed(self, exc: LmFailed) -> None:
+        """The replica's batches are gone: move what has streamed nothing, fail the rest, leave the rotation."""
+        requests = self._in_flight()
+        log.warning("%s; %d request(s) in flight there", exc, len(requests))
+        self.rows, self.batch_id, self.joining = [], "", []
+        self.batch_stream.close()
+        for request in requests:
+            self._move_or_fail(request, exc)
+        if self.router is not None:
+            self.router.mark_unhealthy(self)
+
+    def _move_or_fail(self, request: GenerationRequest, exc: LmFailed) -> None:
+        if request.cancelled:
+            request.out.put_nowait(None)
+            return
+        if not request.started and request.attempts <= MAX_REROUTES and self.router is not None:
+            log.info("request %s streamed nothing yet: moving it off %s", request.request_id, self.replica.address)
+            self.router.reroute(request, self)
+            return
+        request.fail(Unavailable(f"{exc}; retry with seed {request.seed} for the same text"))
+
+    async def _end_all(self, exc: MuestraError) -> None:
+        """End every request in flight or waiting with `exc`, and free their batches on the lm."""
+        requests = self._in_flight()
+        log.warning("%s; ending %d request(s) in flight and %d waiting", exc, len(requests), len(self.waiting))
+        for request in requests:
+            request.fail(exc)
+        while self.waiting:
+            self.waiting.popleft().fail(exc)
+        batch_ids = [b for b in (self.batch_id, *(b for b, _ in self.joining)) if b]
+        self.rows, self.batch_id, self.joining = [], "", []
+        if batch_ids:
+            try:
+                await self._lm_step("Clear", clear=lm_pb2.ClearRequest(batch_ids=batch_ids))
+            except LmFailed as failed:
+                log.warning("freeing the batches of failed requests: %s", failed)
+
+
+async def _stop(task: asyncio.Task | None) -> None:
+    """Cancel a detokenization task and wait for it (its own failure was already seen or is moot)."""
+    if task is not None:
+        task.cancel()
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # retrieved: what it raised is handled by the caller's failure path
+    return None

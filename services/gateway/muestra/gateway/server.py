@@ -13,11 +13,12 @@ from google.protobuf import struct_pb2
 
 from muestra.gateway.config import GatewayConfig
 from muestra.gateway.models import ModelRegistry, TextModel
+from muestra.gateway.progress import Watchdog
 from muestra.gateway.request import GenerationRequest
 from muestra.gateway.routing import Router
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.scheduler import grpc_error_to_muestra
-from muestra.runtime.errors import InvalidArgument, check_limit
+from muestra.runtime.errors import InvalidArgument, Unavailable, check_limit
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc, tokenizer_pb2
 
@@ -73,6 +74,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.registry = registry
         self.samplers = samplers
         self.routers: dict[str, Router] = {model.name: Router(model, config) for model in registry.text.values()}
+        self.watchdog = Watchdog(self.schedulers, config.watchdog_s)
+
+    def schedulers(self) -> list:
+        return [s for router in self.routers.values() for s in router.schedulers.values()]
 
     # -- text ---------------------------------------------------------------------------------
 
@@ -100,8 +105,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if size > cfg.max_prompt_bytes:
             raise InvalidArgument(kind, f"is {size} bytes; the limit is {cfg.max_prompt_bytes}")
 
-    async def _prompt_ids(self, model: TextModel, request: gateway_pb2.GenerateRequest) -> list[int]:
+    async def _prompt_ids(
+        self, model: TextModel, request: gateway_pb2.GenerateRequest, deadline: float | None
+    ) -> list[int]:
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        timeout = self.config.tokenizer_timeout_s
+        if deadline is not None:
+            timeout = max(0.001, min(timeout, deadline - time.monotonic()))
         try:
             if request.WhichOneof("input") == "messages":
                 reply = await model.tokenizer.ApplyChatTemplate(
@@ -110,16 +120,22 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                         messages=request.messages.messages,
                         add_generation_prompt=True,
                         tokenize=True,
-                    )
+                    ),
+                    timeout=timeout,
                 )
                 return list(reply.ids)
             reply = await model.tokenizer.Encode(
                 tokenizer_pb2.EncodeRequest(
                     model=model.tokenizer_model, texts=[request.prompt], add_special_tokens=add_special
-                )
+                ),
+                timeout=timeout,
             )
             return list(reply.encodings[0].ids)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise Unavailable(
+                    f"tokenizer of {model.name!r} failed: {exc.code().name} {exc.details() or ''}".rstrip()
+                ) from exc
             raise grpc_error_to_muestra(exc) from exc
 
     async def prepare(self, request: gateway_pb2.GenerateRequest, context) -> tuple[GenerationRequest, Router]:
@@ -138,7 +154,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 raise InvalidArgument("logprobs", "is not available with beam search")
         if rows > self.config.max_batch_rows:
             raise InvalidArgument("n", f"needs {rows} rows; the gateway's batch holds {self.config.max_batch_rows}")
-        prompt_ids = await self._prompt_ids(model, request)
+        deadline = None
+        if request.timeout_ms:
+            deadline = time.monotonic() + request.timeout_ms / 1000
+        remaining = context.time_remaining() if context is not None else None
+        if remaining is not None and math.isfinite(remaining):
+            deadline = min(deadline or math.inf, time.monotonic() + remaining)
+        prompt_ids = await self._prompt_ids(model, request, deadline)
         if not prompt_ids:
             raise InvalidArgument("prompt", "encodes to no tokens")
         context_length = model.context_length
@@ -153,12 +175,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 f"{request.max_tokens} plus the prompt's {len(prompt_ids)} tokens exceeds the context length "
                 f"{context_length} (at most {room} here)",
             )
-        deadline = None
-        if request.timeout_ms:
-            deadline = time.monotonic() + request.timeout_ms / 1000
-        remaining = context.time_remaining() if context is not None else None
-        if remaining is not None and math.isfinite(remaining):
-            deadline = min(deadline or math.inf, time.monotonic() + remaining)
         generation = GenerationRequest(
             request_id=request_id_var.get(),
             prompt_ids=prompt_ids,
@@ -193,7 +209,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise InvalidArgument(
                 "sampler", f"unknown scheduler {request.sampler!r}; known: {', '.join(model.schedulers)}"
             )
-        call = model.stub.Generate(request)
+        timeout = self.config.diffusion_timeout_s
+        remaining = context.time_remaining() if context is not None else None
+        if remaining is not None and math.isfinite(remaining):
+            timeout = min(timeout, remaining)
+        call = model.stub.Generate(request, timeout=timeout)
         try:
             async for message in call:
                 yield message

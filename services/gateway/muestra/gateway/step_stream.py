@@ -6,6 +6,11 @@ here, against 0.2 ms and 0.26 ms for a message on an open stream. The stream is 
 use and reopened after it breaks: a stream found ended before a step is sent (the server went
 away while it was idle) is replaced first. A step that breaks a reused stream is sent once more on
 a fresh one only when the step is stateless on the server (DetokenizeStep, not Decode).
+
+Replies carry no request id: the n-th reply answers the n-th request. So one exchange at a time
+(a lock: a second caller waits its turn), and an exchange that does not finish (its deadline
+passed, its caller was cancelled) closes the stream, since its reply could still arrive and be
+taken by the next exchange as its own.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import grpc
 
 log = logging.getLogger("muestra.gateway.step_stream")
 
-# Statuses that end a stream because of the request itself: retrying cannot help.
-_REQUEST_ERRORS = (
+# Statuses that end a stream because of the request itself, or after the step's whole deadline:
+# retrying cannot help.
+_NOT_RETRIED = (
+    grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.FAILED_PRECONDITION,
@@ -34,42 +41,68 @@ class StreamEnded(Exception):
 _BROKEN = (grpc.aio.AioRpcError, asyncio.InvalidStateError, StreamEnded)
 
 
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """A client-side status, raised like the ones grpc raises."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
 class StepStream:
     """step(request) -> reply over one stream of `open_stream()` (a stream-stream multicallable).
 
-    Failures are raised as grpc.aio.AioRpcError (a stream that ended early as UNAVAILABLE).
+    Failures are raised as grpc.aio.AioRpcError: a stream that ended early as UNAVAILABLE, a reply
+    that took longer than `timeout_s` as DEADLINE_EXCEEDED.
     """
 
-    def __init__(self, open_stream: Callable[[], grpc.aio.StreamStreamCall], what: str, retry: bool = True) -> None:
+    def __init__(
+        self,
+        open_stream: Callable[[], grpc.aio.StreamStreamCall],
+        what: str,
+        retry: bool = True,
+        timeout_s: float = 30.0,
+    ) -> None:
         self._open_stream = open_stream
         self.what = what
         # Whether a step that broke a reused stream may be sent again (only for stateless steps).
         self.retry = retry
+        self.timeout_s = timeout_s
         self._call: grpc.aio.StreamStreamCall | None = None
+        self._lock = asyncio.Lock()
 
-    async def step(self, request):
-        if self._call is not None and self._call.done():
-            self.close()  # it ended while idle (the server went away): open a new one
-        fresh = self._call is None
-        try:
-            return await self._exchange(request)
-        except _BROKEN as exc:
-            self.close()
-            if fresh or not self.retry or (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REQUEST_ERRORS):
+    async def step(self, request, timeout_s: float | None = None):
+        """The reply to `request`; waits for an exchange in flight to finish first."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        async with self._lock:
+            if self._call is not None and self._call.done():
+                self.close()  # it ended while idle (the server went away): open a new one
+            fresh = self._call is None
+            try:
+                return await self._exchange(request, timeout_s)
+            except _BROKEN as exc:
+                self.close()
+                if fresh or not self.retry or (isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _NOT_RETRIED):
+                    raise _as_rpc_error(exc) from exc
+                log.info("%s stream broke (%s); retrying the step on a new stream", self.what, exc)
+            try:
+                return await self._exchange(request, timeout_s)
+            except _BROKEN as exc:
+                self.close()
                 raise _as_rpc_error(exc) from exc
-            log.info("%s stream broke (%s); retrying the step on a new stream", self.what, exc)
-        try:
-            return await self._exchange(request)
-        except _BROKEN as exc:
-            self.close()
-            raise _as_rpc_error(exc) from exc
 
-    async def _exchange(self, request):
+    async def _exchange(self, request, timeout_s: float):
         if self._call is None:
             self._call = self._open_stream()
         call = self._call
-        await call.write(request)
-        reply = await call.read()
+        try:
+            reply = await asyncio.wait_for(_write_then_read(call, request), timeout_s)
+        except asyncio.TimeoutError:
+            self.close()
+            raise rpc_error(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.what} did not answer within {timeout_s:g} s"
+            ) from None
+        except BaseException:
+            # Cancelled (or failed) between the write and the read: the reply may still come.
+            self.close()
+            raise
         if reply is grpc.aio.EOF:
             self.close()
             raise StreamEnded(f"the {self.what} stream ended before answering")
@@ -81,8 +114,13 @@ class StepStream:
             self._call = None
 
 
+async def _write_then_read(call: grpc.aio.StreamStreamCall, request):
+    await call.write(request)
+    return await call.read()
+
+
 def _as_rpc_error(exc: BaseException) -> grpc.aio.AioRpcError:
     """Callers handle one kind of failure: a stream that ended or was closed reads as UNAVAILABLE."""
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc
-    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), str(exc))
+    return rpc_error(grpc.StatusCode.UNAVAILABLE, str(exc))

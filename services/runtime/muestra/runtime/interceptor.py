@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 
@@ -110,6 +111,28 @@ def _wrap_stream_response(behavior, method: str):
     return handler
 
 
+def _wrap_stream_writer(behavior, method: str):
+    """A streaming handler that is a coroutine writing with context.write (grpc's Health/Watch is one)."""
+
+    async def handler(request_or_iterator, context):
+        call = _Call(method, context)
+        try:
+            return await behavior(request_or_iterator, context)
+        except BaseException as exc:  # noqa: BLE001 - every failure is mapped to a status
+            await call.fail(exc)
+        finally:
+            call.finish()
+
+    return handler
+
+
+def _wrap_streaming(behavior, method: str):
+    """grpc runs an async generator's yields and a coroutine's context.write calls: keep the handler's kind."""
+    if inspect.isasyncgenfunction(behavior):
+        return _wrap_stream_response(behavior, method)
+    return _wrap_stream_writer(behavior, method)
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     """Maps exceptions to statuses, sets the request id, logs and counts every request."""
 
@@ -127,5 +150,5 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(_wrap_unary_response(handler.stream_unary, method), **kwargs)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_wrap_stream_response(handler.unary_stream, method), **kwargs)
-        return grpc.stream_stream_rpc_method_handler(_wrap_stream_response(handler.stream_stream, method), **kwargs)
+            return grpc.unary_stream_rpc_method_handler(_wrap_streaming(handler.unary_stream, method), **kwargs)
+        return grpc.stream_stream_rpc_method_handler(_wrap_streaming(handler.stream_stream, method), **kwargs)

@@ -36,6 +36,12 @@ class ServiceSpec:
     close: Callable[[], Awaitable[None]] | None = None
     # More server interceptors, run inside the error-mapping one (so their errors are mapped too).
     interceptors: list[grpc.aio.ServerInterceptor] = dataclasses.field(default_factory=list)
+    # Asked every HEALTH_PROBE_S while serving: why the service should not get traffic, or None.
+    # Its answer sets the health status of every service name (NOT_SERVING while it has a reason).
+    health_probe: Callable[[], str | None] | None = None
+
+
+HEALTH_PROBE_S = 1.0
 
 
 async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event | None = None) -> None:
@@ -69,10 +75,12 @@ async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
     watcher = asyncio.ensure_future(_exit_with_parent(stopping))
+    prober = asyncio.ensure_future(_probe_health(spec, health_servicer, ["", *names]))
     waiter = asyncio.ensure_future(server.wait_for_termination())
     stopper = asyncio.ensure_future(stopping.wait())
     await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
     log.info("%s stopping: %.1fs grace for in-flight requests", spec.name, config.grace_period_s)
+    prober.cancel()
     draining().set()  # idle step streams end (muestra.runtime.step_streams)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_period_s)
@@ -81,6 +89,30 @@ async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event
     if spec.close is not None:
         await spec.close()
     log.info("%s stopped", spec.name)
+
+
+async def _probe_health(spec: ServiceSpec, health_servicer, names: list[str]) -> None:
+    """Keep every name's health status in line with spec.health_probe (a stuck service is NOT_SERVING)."""
+    if spec.health_probe is None:
+        return
+    problem = None
+    while True:
+        await asyncio.sleep(HEALTH_PROBE_S)
+        try:
+            now = spec.health_probe()
+        except Exception:
+            log.exception("health probe failed")
+            continue
+        if now == problem:
+            continue
+        if now is not None:
+            log.error("%s is NOT_SERVING: %s", spec.name, now)
+        else:
+            log.info("%s is SERVING again", spec.name)
+        problem = now
+        status = health_pb2.HealthCheckResponse.NOT_SERVING if now else health_pb2.HealthCheckResponse.SERVING
+        for name in names:
+            await health_servicer.set(name, status)
 
 
 async def _exit_with_parent(stopping: asyncio.Event) -> None:

@@ -40,6 +40,7 @@ async def until_drained(requests: AsyncIterable[T]) -> AsyncIterator[T]:
     iterator = aiter(requests)
     # One watcher for the whole stream, not one per step: this runs for every decode step.
     watch = asyncio.ensure_future(draining().wait())
+    pending: asyncio.Future | None = None
     try:
         while True:
             pending = asyncio.ensure_future(anext(iterator))
@@ -48,11 +49,22 @@ async def until_drained(requests: AsyncIterable[T]) -> AsyncIterator[T]:
             if not pending.done():
                 await asyncio.wait({pending}, timeout=IDLE_AFTER_DRAIN_S)
                 if not pending.done():
-                    pending.cancel()
                     return
             try:
-                yield pending.result()
+                request = pending.result()
             except StopAsyncIteration:
                 return
+            pending = None
+            yield request
     finally:
         watch.cancel()
+        if pending is not None:
+            # Ended while waiting for a request (the stream closed, or the service stopped): the read
+            # still finishes, with StopAsyncIteration or a cancelled call, and nobody wants its result.
+            pending.cancel()
+            pending.add_done_callback(_discard)
+
+
+def _discard(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -215,8 +215,11 @@ def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) 
         raise OpenAIError(404, f"model: unknown model {model!r}; known: {known}", param="model", code="model_not_found")
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
+    async def health() -> Response:
+        problem = servicer.watchdog.problem()
+        if problem is not None:
+            return JSONResponse({"status": "not serving", "reason": problem}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -1,0 +1,105 @@
+"""The scheduler's side of the tokenizer: a step's new ids as text deltas, stop strings, finished beams.
+
+Every call has a deadline (`timeout_s`); a tokenizer that fails or does not answer in time raises
+TokenizerFailed, and the scheduler ends the requests that were waiting on it.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from muestra.gateway.models import TextModel
+from muestra.gateway.progress import Progress
+from muestra.gateway.request import Sequence
+from muestra.gateway.step_stream import StepStream
+from muestra.runtime.errors import Unavailable
+from muestra.v1 import gateway_pb2, tokenizer_pb2
+
+
+class TokenizerFailed(Unavailable):
+    """The tokenizer failed or timed out on a call that serves a whole step."""
+
+    def __init__(self, model: TextModel, exc: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"tokenizer of {model.name!r} failed: {exc.code().name} {exc.details() or ''}".rstrip())
+        self.status = exc.code()
+
+
+class Detokenizer:
+    def __init__(self, model: TextModel, progress: Progress, timeout_s: float) -> None:
+        self.model = model
+        self.progress = progress
+        self.timeout_s = timeout_s
+        # DetokenizeStep runs every step: on one open stream, not a call each time. It is used by the
+        # scheduler's loop and by its detokenization task: the stream lets one exchange in at a time.
+        self.stream = StepStream(model.tokenizer.DetokenizeSteps, f"tokenizer of {model.name!r}", timeout_s=timeout_s)
+
+    def close(self) -> None:
+        self.stream.close()
+
+    async def step(self, rows: list) -> None:
+        """One DetokenizeStep for every row with new ids; stream the text, apply stop strings."""
+        active = [
+            row
+            for row in rows
+            if isinstance(row, Sequence) and not row.done_sent and (row.detok.pending or row.finished or row.unsent_ids)
+        ]
+        if not active:
+            return
+        request = tokenizer_pb2.DetokenizeStepRequest(
+            model=self.model.tokenizer_model,
+            streams=[row.detok.next_stream(final=row.finished) for row in active],
+            skip_special_tokens=True,
+        )
+        with self.progress.waiting_for(self.stream.what + " DetokenizeSteps"):
+            try:
+                reply = await self.stream.step(request)
+            except grpc.aio.AioRpcError as exc:
+                raise TokenizerFailed(self.model, exc) from exc
+        await self.name_logprob_tokens(active)
+        for row, delta in zip(active, reply.deltas, strict=True):
+            text = row.stops.feed(row.detok.apply(delta))
+            if row.stops.matched is not None:
+                row.finish(gateway_pb2.STOP, row.stops.matched)
+            elif row.finished:
+                text += row.stops.flush()
+            if row.request.cancelled:
+                row.emit_done()
+                continue
+            row.emit_text(text)
+            if row.finished:
+                row.emit_done()
+
+    async def decode(self, sequences: list[list[int]]) -> list[str]:
+        """Each id list as text (special tokens skipped): one Decode call."""
+        vocab = self.model.tokenizer_vocab_size
+        request = tokenizer_pb2.DecodeTokensRequest(
+            model=self.model.tokenizer_model,
+            sequences=[tokenizer_pb2.TokenIds(ids=[i for i in ids if i < vocab]) for ids in sequences],
+            skip_special_tokens=True,
+        )
+        return list((await self._decode(request)).texts)
+
+    async def name_logprob_tokens(self, rows: list[Sequence]) -> None:
+        """Fill in the text of each token listed with logprobs (one Decode call for all of them)."""
+        entries = [entry for row in rows for entry in row.unsent_logprobs if not entry.token]
+        if not entries:
+            return
+        every = {e.token_id for e in entries} | {t.token_id for e in entries for t in e.top}
+        ids = sorted(i for i in every if i < self.model.tokenizer_vocab_size)
+        reply = await self._decode(
+            tokenizer_pb2.DecodeTokensRequest(
+                model=self.model.tokenizer_model, sequences=[tokenizer_pb2.TokenIds(ids=[i]) for i in ids]
+            )
+        )
+        text = dict(zip(ids, reply.texts, strict=True))
+        for entry in entries:
+            entry.token = text.get(entry.token_id, "")
+            for alternative in entry.top:
+                alternative.token = text.get(alternative.token_id, "")
+
+    async def _decode(self, request: tokenizer_pb2.DecodeTokensRequest) -> tokenizer_pb2.DecodeTokensResponse:
+        with self.progress.waiting_for(f"tokenizer of {self.model.name!r} Decode"):
+            try:
+                return await self.model.tokenizer.Decode(request, timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                raise TokenizerFailed(self.model, exc) from exc

@@ -78,7 +78,8 @@ def _groups(rows: list[Row]) -> dict[BeamGroup, list[int]]:
 
 
 def _requests(rows: list[Row]) -> list[GenerationRequest]:
-    return list(dict.fromkeys(row.request for row in rows))
+    """The requests the rows belong to, each once, in order."""
+    return list({id(row.request): row.request for row in rows}.values())
 
 
 class ReplicaScheduler:
@@ -123,6 +124,7 @@ class ReplicaScheduler:
         self.wake.set()
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._run(), name=f"scheduler {self.replica.address}")
+            self.task.add_done_callback(self._loop_ended)
 
     def poke(self) -> None:
         """A request was cancelled: let the loop notice it."""
@@ -423,6 +425,19 @@ class ReplicaScheduler:
             sequence.emit_done(error="beam search produced fewer hypotheses than n")
 
     # -- failures -----------------------------------------------------------------------------
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        """The loop only ends by a bug (or with the gateway): nobody may be left waiting on it."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        log.error("the scheduler of %s stopped", self.name, exc_info=exc)
+        error = MuestraError(f"internal error in the gateway's scheduler for {self.name}")
+        for request in [*self._in_flight(), *self.waiting]:
+            request.fail(error)
+        self.rows, self.batch_id, self.joining = [], "", []
+        self.waiting.clear()
+        self.batch_stream.close()
 
     def _in_flight(self) -> list[GenerationRequest]:
         return _requests([*self.rows, *(row for _, rows in self.joining for row in rows)])

@@ -78,7 +78,12 @@ class _Call:
         LATENCY.labels(self.method).observe(elapsed)
         level = logging.DEBUG if self.method.startswith(_QUIET_PREFIXES) else logging.INFO
         log.log(level, "%s %s %.1fms peer=%s", self.method, code_name, elapsed * 1000, self.peer)
-        request_id_var.reset(self.token)
+        try:
+            request_id_var.reset(self.token)
+        except ValueError:
+            # grpc closes a stream handler that its client cancelled from another task (another
+            # context), where this request's id was never set: there is nothing to restore.
+            pass
 
 
 def _wrap_unary_response(behavior, method: str):

@@ -1,0 +1,148 @@
+"""Soak: the whole stack on loopback under a mixed workload for a given time; every response is checked.
+
+    .venv/bin/python -m bench.soak --concurrency 64 --seconds 600        # the issue's run
+    .venv/bin/python -m bench.soak --concurrency 32 --seconds 60 --lm-replicas 2
+
+It starts redis-server, the tokenizer, the lm replica(s), the diffusion service and the gateway (gRPC and
+HTTP) with the default models, runs bench.workload at the given concurrency, then checks every gRPC
+completion's text against the tokenizer's decode of its ids and every replay against its original.
+It prints counts by outcome and by kind, hung streams (no progress for --hang-s), TTFT and inter-token
+latency percentiles, each service's RSS at the start, after --rss-after seconds and at the end, and exits
+non-zero on any failed, refused, lost, hung or wrong request, or (runs of at least 3 x --rss-after) on an
+RSS growth over --max-rss-growth after --rss-after seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+from bench.stack import DEFAULT_IMAGE_MODEL, LocalStack  # noqa: E402
+from bench.workload import Workload, check_text, summarize  # noqa: E402
+
+BAD = ("failed", "refused", "lost", "hung")
+
+
+class RssSampler:
+    """Each process's RSS at the start, at `mark_s` and at the end (sampled every second)."""
+
+    def __init__(self, stack: LocalStack, mark_s: float) -> None:
+        self.stack = stack
+        self.mark_s = mark_s
+        self.start = stack.rss()
+        self.mark: dict[str, int] | None = None
+        self.end: dict[str, int] = {}
+
+    async def run(self, started: float) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.mark is None and time.monotonic() - started >= self.mark_s:
+                self.mark = self.stack.rss()
+
+    def finish(self) -> None:
+        self.end = self.stack.rss()
+
+    def growth(self) -> dict[str, float]:
+        base = self.mark or self.start
+        return {name: self.end[name] / base[name] - 1 for name in self.end if base.get(name) and self.end[name]}
+
+
+async def soak(stack: LocalStack, args) -> tuple[dict, RssSampler]:
+    workload = Workload(
+        stack.gateway.address, stack.base_url, args.concurrency, seed=args.seed, hang_s=args.hang_s,
+        images=stack.diffusion is not None,
+    )  # fmt: skip
+    rss = RssSampler(stack, args.rss_after)
+    started = time.monotonic()
+    sampler = asyncio.ensure_future(rss.run(started))
+    try:
+        outcomes = await workload.run(args.seconds)
+    finally:
+        sampler.cancel()
+    rss.finish()
+    checked = await check_text(outcomes, stack.tokenizer.address)
+    report = summarize(outcomes)
+    report["texts_checked"] = checked
+    report["replay_counts"] = dict(workload.replays)
+    report["seconds"] = round(time.monotonic() - started, 1)
+    return report, rss
+
+
+def print_report(report: dict, rss: RssSampler, args) -> None:
+    mib = 1024 * 1024
+    print(f"\n== soak: {args.concurrency} concurrent streams for {report['seconds']} s")
+    print(f"requests: {report['requests']}  by outcome: {report['by_status']}  wrong: {report['wrong']}")
+    print(f"texts checked against the tokenizer: {report['texts_checked']}; replays: {report['replay_counts']}")
+    print(f"prefix-cache hits (requests with cached tokens): {report['prefix_cache_hits']}")
+    ttft, itl = report["ttft_ms"], report["itl_ms"]
+    print("TTFT ms p50/p95/p99: " + "/".join(f"{ttft[p]:.0f}" for p in (50, 95, 99)))
+    print("inter-token ms p50/p95/p99: " + "/".join(f"{itl[p]:.1f}" for p in (50, 95, 99)))
+    print("by kind: " + ", ".join(f"{k} {n}" for k, n in report["by_kind"].items()))
+    print(f"RSS MiB (start / after {args.rss_after:.0f} s / end, growth after {args.rss_after:.0f} s):")
+    growth = rss.growth()
+    for name, start in rss.start.items():
+        mark = (rss.mark or {}).get(name, 0)
+        print(
+            f"  {name:<10} {start / mib:7.1f} / {mark / mib:7.1f} / {rss.end.get(name, 0) / mib:7.1f}"
+            f"  {growth.get(name, float('nan')) * 100:+.1f}%"
+        )
+    for example in report["examples"]:
+        print("  !", example)
+
+
+def verdict(report: dict, rss: RssSampler, args) -> list[str]:
+    reasons = [f"{report['by_status'].get(s, 0)} {s}" for s in BAD if report["by_status"].get(s)]
+    if report["wrong"]:
+        reasons.append(f"{report['wrong']} wrong")
+    if args.seconds >= 3 * args.rss_after:
+        reasons += [
+            f"{name} RSS grew {g * 100:.1f}% after {args.rss_after:.0f} s"
+            for name, g in rss.growth().items()
+            if g > args.max_rss_growth
+        ]
+    return reasons
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=600)
+    parser.add_argument("--lm-replicas", type=int, default=1)
+    parser.add_argument("--no-images", action="store_true", help="no diffusion service, no image requests")
+    parser.add_argument("--hang-s", type=float, default=30.0, help="a stream with no progress this long is hung")
+    parser.add_argument("--rss-after", type=float, default=60.0)
+    parser.add_argument("--max-rss-growth", type=float, default=0.10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--json", default=None, help="also write the report here")
+    args = parser.parse_args()
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="muestra-soak-"))
+    print(f"logs in {log_dir}", flush=True)
+    image_model = None if args.no_images else DEFAULT_IMAGE_MODEL
+    stack = LocalStack(log_dir, lm_replicas=args.lm_replicas, image_model=image_model)
+    try:
+        report, rss = asyncio.run(soak(stack, args))
+    finally:
+        stack.close()
+    print_report(report, rss, args)
+    reasons = verdict(report, rss, args)
+    if args.json:
+        out = {**report, "rss_start": rss.start, "rss_mark": rss.mark, "rss_end": rss.end, "failures": reasons}
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    if reasons:
+        print("FAIL: " + ", ".join(reasons))
+        sys.exit(1)
+    print("PASS: 0 failed, refused, lost, hung or wrong")
+
+
+if __name__ == "__main__":
+    main()

@@ -40,7 +40,7 @@ import grpc  # noqa: E402
 
 from bench.stack import DEFAULT_IMAGE_MODEL, LocalStack  # noqa: E402
 from bench.workload import Outcome, Workload, check_text, summarize  # noqa: E402
-from muestra.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from muestra.v1 import diffusion_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 
 # The workload's gRPC channel retries a refused connection within this long (bench.workload).
 RECONNECT_S = 1.5
@@ -84,6 +84,17 @@ async def _serving_text(stack: LocalStack, within_s: float) -> float:
                 await asyncio.sleep(0.5)
 
 
+async def _image_served(stack: LocalStack, timeout_s: float) -> float:
+    """Seconds one small image takes through the gateway."""
+    started = time.monotonic()
+    async with grpc.aio.insecure_channel(stack.gateway.address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        request = diffusion_pb2.ImageRequest(prompt="a handwritten two", steps=2, seed=5)
+        async for _ in stub.GenerateImage(request, timeout=timeout_s):
+            pass
+    return time.monotonic() - started
+
+
 async def _replicas_serving(stack: LocalStack, count: int, within_s: float) -> float:
     """Seconds until the gateway lists `count` healthy replicas of the text model."""
     started = time.monotonic()
@@ -112,7 +123,14 @@ async def tokenizer_stop(stack: LocalStack, fault: Fault, args) -> None:
     fault.notes.append(f"SIGSTOP tokenizer for {args.pause_s:.0f} s")
     stack.tokenizer.pause()
     try:
-        await asyncio.sleep(args.pause_s)
+        await asyncio.sleep(min(5.0, args.pause_s / 2))
+        # Images need no tokenizer: the gateway must go on serving them while text waits.
+        try:
+            seconds = await _image_served(stack, timeout_s=max(1.0, args.pause_s / 2))
+            fault.notes.append(f"an image during the pause took {seconds:.1f} s")
+        except grpc.aio.AioRpcError as exc:
+            fault.problems.append(f"no image while the tokenizer was stopped: {exc.code().name} {exc.details()}")
+        await asyncio.sleep(max(0.0, args.pause_s - (time.monotonic() - fault.start)))
     finally:
         stack.tokenizer.resume()
 

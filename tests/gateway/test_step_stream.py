@@ -121,3 +121,79 @@ def test_a_failure_on_a_fresh_stream_is_raised_at_once():
     with pytest.raises(grpc.aio.AioRpcError):
         run(stream.step(1))
     assert len(opener.opened) == 1
+
+
+class QueueCall(FakeCall):
+    """A stream like grpc's: replies queue in order of the requests, whoever reads; a read can be made to wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replies: asyncio.Queue = asyncio.Queue()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.hold = asyncio.Event()
+        self.hold.set()
+
+    async def write(self, request) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        self.replies.put_nowait(2 * request)
+
+    async def read(self):
+        await self.hold.wait()
+        reply = await self.replies.get()
+        self.in_flight -= 1
+        return reply
+
+
+def test_concurrent_steps_take_turns_and_each_gets_its_own_reply():
+    # The gateway's hang: a prefill's DetokenizeStep and the previous step's, on one stream at once.
+    call = QueueCall()
+    stream = StepStream(Opener(call), "fake")
+
+    async def steps():
+        call.hold.clear()
+        first = asyncio.ensure_future(stream.step(1))
+        second = asyncio.ensure_future(stream.step(10))
+        await asyncio.sleep(0.01)
+        call.hold.set()
+        return await asyncio.gather(first, second)
+
+    assert run(steps()) == [2, 20]
+    assert call.most_in_flight == 1
+
+
+def test_a_step_cancelled_between_its_write_and_its_read_closes_the_stream():
+    # Its reply would otherwise be read by the next step as that step's own.
+    call = QueueCall()
+    opener = Opener(call)
+    stream = StepStream(opener, "fake")
+
+    async def steps():
+        call.hold.clear()
+        waiting = asyncio.ensure_future(stream.step(1))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return await stream.step(5)
+
+    assert run(steps()) == 10
+    assert call.cancelled and len(opener.opened) == 2
+
+
+def test_a_reply_later_than_the_deadline_is_deadline_exceeded_and_closes_the_stream():
+    call = QueueCall()
+    opener = Opener(call)
+    stream = StepStream(opener, "fake", timeout_s=0.05)
+
+    async def steps():
+        call.hold.clear()
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stream.step(1)
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "did not answer within 0.05 s" in raised.value.details()
+        return await stream.step(4)
+
+    assert run(steps()) == 8
+    assert call.cancelled and len(opener.opened) == 2

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -42,6 +43,8 @@ class ServiceSpec:
 
 
 HEALTH_PROBE_S = 1.0
+# How often a lasting NOT_SERVING reason is logged again.
+PROBLEM_LOG_S = 30.0
 
 
 async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event | None = None) -> None:
@@ -96,6 +99,7 @@ async def _probe_health(spec: ServiceSpec, health_servicer, names: list[str]) ->
     if spec.health_probe is None:
         return
     problem = None
+    logged_at = 0.0
     while True:
         await asyncio.sleep(HEALTH_PROBE_S)
         try:
@@ -103,10 +107,16 @@ async def _probe_health(spec: ServiceSpec, health_servicer, names: list[str]) ->
         except Exception:
             log.exception("health probe failed")
             continue
-        if now == problem:
+        if (now is None) == (problem is None):
+            # Still in the same state: a lasting problem is logged again every PROBLEM_LOG_S.
+            if now is not None and time.monotonic() - logged_at >= PROBLEM_LOG_S:
+                log.error("%s is still NOT_SERVING: %s", spec.name, now)
+                logged_at = time.monotonic()
+            problem = now
             continue
         if now is not None:
             log.error("%s is NOT_SERVING: %s", spec.name, now)
+            logged_at = time.monotonic()
         else:
             log.info("%s is SERVING again", spec.name)
         problem = now

@@ -32,6 +32,7 @@ import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import collections  # noqa: E402
 import dataclasses  # noqa: E402
+import json  # noqa: E402
 import random  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -300,6 +301,7 @@ def main() -> None:
     parser.add_argument("--hang-s", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--json", default=None, help="also write the report here")
     args = parser.parse_args()
     args.faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = [f for f in args.faults if f not in ACTIONS]
@@ -321,6 +323,14 @@ def main() -> None:
     for fault in faults:
         print(f"{fault.name}: {'; '.join(fault.notes)}")
         print(f"  clients saw (requests overlapping it): {dict(fault.seen)}")
+    if args.json:
+        out = {
+            "verdict": "FAIL" if problems else "PASS", **report, "problems": problems,
+            "faults": [
+                {"fault": f.name, "notes": f.notes, "seen": dict(f.seen), "problems": f.problems} for f in faults
+            ],
+        }  # fmt: skip
+        Path(args.json).write_text(json.dumps(out, indent=2))
     if problems:
         print("FAIL:")
         for problem in problems[:30]:

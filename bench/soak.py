@@ -33,27 +33,41 @@ BAD = ("failed", "refused", "lost", "hung")
 
 
 class RssSampler:
-    """Each process's RSS at the start, at `mark_s` and at the end (sampled every second)."""
+    """Each process's RSS at the start, at `mark_s`, at its highest after `mark_s`, and at the end (every second).
+
+    Growth is judged on the highest RSS after the mark, so a peak that the end no longer shows still counts.
+    """
 
     def __init__(self, stack: LocalStack, mark_s: float) -> None:
         self.stack = stack
         self.mark_s = mark_s
         self.start = stack.rss()
         self.mark: dict[str, int] | None = None
+        self.peak: dict[str, int] = {}
         self.end: dict[str, int] = {}
 
     async def run(self, started: float) -> None:
         while True:
             await asyncio.sleep(1.0)
-            if self.mark is None and time.monotonic() - started >= self.mark_s:
-                self.mark = self.stack.rss()
+            if self.mark is None:
+                if time.monotonic() - started >= self.mark_s:
+                    self.mark = self.stack.rss()
+                continue
+            self._note_peak(self.stack.rss())
+
+    def _note_peak(self, now: dict[str, int]) -> None:
+        for name, value in now.items():
+            self.peak[name] = max(self.peak.get(name, 0), value)
 
     def finish(self) -> None:
         self.end = self.stack.rss()
+        if self.mark is not None:
+            self._note_peak(self.end)
 
     def growth(self) -> dict[str, float]:
         base = self.mark or self.start
-        return {name: self.end[name] / base[name] - 1 for name in self.end if base.get(name) and self.end[name]}
+        top = self.peak if self.mark is not None else self.end
+        return {name: top[name] / base[name] - 1 for name in top if base.get(name) and top.get(name)}
 
 
 async def soak(stack: LocalStack, args) -> tuple[dict, RssSampler]:
@@ -87,13 +101,14 @@ def print_report(report: dict, rss: RssSampler, args) -> None:
     print("TTFT ms p50/p95/p99: " + "/".join(f"{ttft[p]:.0f}" for p in (50, 95, 99)))
     print("inter-token ms p50/p95/p99: " + "/".join(f"{itl[p]:.1f}" for p in (50, 95, 99)))
     print("by kind: " + ", ".join(f"{k} {n}" for k, n in report["by_kind"].items()))
-    print(f"RSS MiB (start / after {args.rss_after:.0f} s / end, growth after {args.rss_after:.0f} s):")
+    after = f"{args.rss_after:.0f} s"
+    print(f"RSS MiB (start / after {after} / highest after {after} / end; growth: highest against after {after}):")
     growth = rss.growth()
     for name, start in rss.start.items():
         mark = (rss.mark or {}).get(name, 0)
         print(
-            f"  {name:<10} {start / mib:7.1f} / {mark / mib:7.1f} / {rss.end.get(name, 0) / mib:7.1f}"
-            f"  {growth.get(name, float('nan')) * 100:+.1f}%"
+            f"  {name:<10} {start / mib:7.1f} / {mark / mib:7.1f} / {rss.peak.get(name, 0) / mib:7.1f}"
+            f" / {rss.end.get(name, 0) / mib:7.1f}  {growth.get(name, float('nan')) * 100:+.1f}%"
         )
     for example in report["examples"]:
         print("  !", example)
@@ -136,7 +151,15 @@ def main() -> None:
     print_report(report, rss, args)
     reasons = verdict(report, rss, args)
     if args.json:
-        out = {**report, "rss_start": rss.start, "rss_mark": rss.mark, "rss_end": rss.end, "failures": reasons}
+        out = {
+            **report,
+            "rss_start": rss.start,
+            "rss_mark": rss.mark,
+            "rss_peak": rss.peak,
+            "rss_end": rss.end,
+            "rss_growth": rss.growth(),
+            "failures": reasons,
+        }
         Path(args.json).write_text(json.dumps(out, indent=2))
     if reasons:
         print("FAIL: " + ", ".join(reasons))

@@ -80,6 +80,21 @@ def test_the_request_id_is_echoed_and_on_the_log_line(gateway):
         time.sleep(0.05)
 
 
+def test_a_request_id_that_grpc_could_not_carry_is_replaced(gateway):
+    # It travels on to the tokenizer and the lm as a gRPC header: "é" there failed the call (a 500).
+    connection = http.client.HTTPConnection("127.0.0.1", http_port(gateway), timeout=30)
+    body = json.dumps({"model": "", "prompt": PROMPT, "max_tokens": 2})
+    connection.putrequest("POST", "/v1/completions")
+    connection.putheader("X-Request-Id", "é".encode())
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(len(body)))
+    connection.endheaders(body.encode())
+    response = connection.getresponse()
+    assert response.status == 200, response.read()
+    replaced = response.getheader("x-request-id")
+    assert replaced and replaced.isascii() and len(replaced) == 16
+
+
 def test_sigterm_lets_a_running_http_stream_finish_then_exits(gateway, backends):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port(gateway)}/v1", api_key="none", max_retries=0)
     stream = client.completions.create(

@@ -18,7 +18,7 @@ from muestra.gateway.request import GenerationRequest
 from muestra.gateway.routing import Router
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.scheduler import grpc_error_to_muestra
-from muestra.runtime.errors import InvalidArgument, Unavailable, check_limit
+from muestra.runtime.errors import DeadlineExceeded, InvalidArgument, Unavailable, check_limit
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc, tokenizer_pb2
 
@@ -110,6 +110,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> list[int]:
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
         timeout = self.config.tokenizer_timeout_s
+        # Whether the request's own deadline (timeout_ms, or its call's) bounds the tokenizer call.
+        own_deadline = deadline is not None and deadline - time.monotonic() < timeout
         if deadline is not None:
             timeout = max(0.001, min(timeout, deadline - time.monotonic()))
         try:
@@ -132,6 +134,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             )
             return list(reply.encodings[0].ids)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and own_deadline:
+                raise DeadlineExceeded("the request's deadline passed while its prompt was being tokenized") from exc
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise Unavailable(
                     f"tokenizer of {model.name!r} failed: {exc.code().name} {exc.details() or ''}".rstrip()

@@ -8,9 +8,10 @@ import logging
 import time
 
 import grpc
+from google.protobuf.message import DecodeError
 from prometheus_client import Counter, Histogram
 
-from muestra.runtime.errors import MuestraError
+from muestra.runtime.errors import InvalidArgument, MuestraError
 from muestra.runtime.logs import REQUEST_ID_HEADER, new_request_id, request_id_from_metadata, request_id_var
 
 log = logging.getLogger("muestra.requests")
@@ -58,6 +59,8 @@ class _Call:
         if isinstance(exc, grpc.aio.AbortError):
             self.code = self.context.code() or grpc.StatusCode.UNKNOWN
             raise exc
+        if isinstance(exc, DecodeError):  # a message of a request stream that does not parse
+            exc = malformed(exc)
         if isinstance(exc, MuestraError):
             self.code = exc.code
             await self.context.abort(exc.code, str(exc))
@@ -86,10 +89,43 @@ class _Call:
             pass
 
 
+class Malformed:
+    """What a unary request's bytes became when they do not parse as its message type."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def malformed(error: Exception) -> InvalidArgument:
+    # upb's message names the type and the reason, e.g. "Error parsing message with type
+    # 'muestra.v1.EncodeRequest': String field had bad UTF-8"
+    return InvalidArgument("request", f"not a valid protobuf message ({error})")
+
+
+def _tolerant(deserializer):
+    """grpc answers bytes its deserializer cannot parse with UNKNOWN before any handler runs: parse here."""
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError, and whatever else bad bytes raise
+            return Malformed(exc)
+
+    return parse
+
+
+def _check_parsed(request) -> None:
+    if isinstance(request, Malformed):
+        raise malformed(request.error)
+
+
 def _wrap_unary_response(behavior, method: str):
     async def handler(request_or_iterator, context):
         call = _Call(method, context)
         try:
+            _check_parsed(request_or_iterator)
             return await behavior(request_or_iterator, context)
         except BaseException as exc:  # noqa: BLE001 - every failure is mapped to a status
             await call.fail(exc)
@@ -103,6 +139,7 @@ def _wrap_stream_response(behavior, method: str):
     async def handler(request_or_iterator, context):
         call = _Call(method, context)
         try:
+            _check_parsed(request_or_iterator)
             async for response in behavior(request_or_iterator, context):
                 yield response
         except BaseException as exc:
@@ -122,6 +159,7 @@ def _wrap_stream_writer(behavior, method: str):
     async def handler(request_or_iterator, context):
         call = _Call(method, context)
         try:
+            _check_parsed(request_or_iterator)
             return await behavior(request_or_iterator, context)
         except BaseException as exc:  # noqa: BLE001 - every failure is mapped to a status
             await call.fail(exc)
@@ -146,8 +184,11 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
+        # A request stream's messages are parsed as they are read; one that does not parse raises
+        # DecodeError in the handler, which fail() maps to INVALID_ARGUMENT.
+        deserializer = handler.request_deserializer
         kwargs = dict(
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserializer if handler.request_streaming else _tolerant(deserializer),
             response_serializer=handler.response_serializer,
         )
         if handler.unary_unary:

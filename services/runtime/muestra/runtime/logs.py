@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import re
 import sys
 import uuid
 
@@ -33,8 +34,20 @@ def new_request_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,64}")
+
+
+def valid_request_id(value: str | bytes | None) -> str | None:
+    """A client's request id, if it is 1-64 characters that every log and gRPC header can carry; else None."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", errors="replace")
+    if value and _REQUEST_ID.fullmatch(value):
+        return value
+    return None
+
+
 def request_id_from_metadata(metadata) -> str | None:
     for key, value in metadata or ():
-        if key == REQUEST_ID_HEADER and value:
-            return str(value)[:64]
+        if key == REQUEST_ID_HEADER:
+            return valid_request_id(value)
     return None

@@ -9,7 +9,7 @@ from prometheus_client import Counter, Histogram
 
 from muestra.gateway.auth import key_is_valid
 from muestra.gateway.openai.errors import OpenAIError, unauthorized
-from muestra.runtime.logs import REQUEST_ID_HEADER, new_request_id, request_id_var
+from muestra.runtime.logs import REQUEST_ID_HEADER, new_request_id, request_id_var, valid_request_id
 
 log = logging.getLogger("muestra.requests")
 
@@ -71,7 +71,8 @@ class Edge:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        request_id = headers.get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")[:64] or new_request_id()
+        # A client's id travels on to the services as a gRPC header: one that could not is replaced.
+        request_id = valid_request_id(headers.get(REQUEST_ID_HEADER.encode())) or new_request_id()
         token = request_id_var.set(request_id)
         started = time.perf_counter()
         status = 0

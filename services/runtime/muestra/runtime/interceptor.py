@@ -121,7 +121,9 @@ def _check_parsed(request) -> None:
         raise malformed(request.error)
 
 
-def _wrap_unary_response(behavior, method: str):
+def _wrap_coroutine(behavior, method: str):
+    """A handler that returns its response, or a streaming one that writes with context.write (Health/Watch)."""
+
     async def handler(request_or_iterator, context):
         call = _Call(method, context)
         try:
@@ -153,27 +155,11 @@ def _wrap_stream_response(behavior, method: str):
     return handler
 
 
-def _wrap_stream_writer(behavior, method: str):
-    """A streaming handler that is a coroutine writing with context.write (grpc's Health/Watch is one)."""
-
-    async def handler(request_or_iterator, context):
-        call = _Call(method, context)
-        try:
-            _check_parsed(request_or_iterator)
-            return await behavior(request_or_iterator, context)
-        except BaseException as exc:  # noqa: BLE001 - every failure is mapped to a status
-            await call.fail(exc)
-        finally:
-            call.finish()
-
-    return handler
-
-
 def _wrap_streaming(behavior, method: str):
     """grpc runs an async generator's yields and a coroutine's context.write calls: keep the handler's kind."""
     if inspect.isasyncgenfunction(behavior):
         return _wrap_stream_response(behavior, method)
-    return _wrap_stream_writer(behavior, method)
+    return _wrap_coroutine(behavior, method)
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
@@ -192,9 +178,9 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             response_serializer=handler.response_serializer,
         )
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_wrap_unary_response(handler.unary_unary, method), **kwargs)
+            return grpc.unary_unary_rpc_method_handler(_wrap_coroutine(handler.unary_unary, method), **kwargs)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_wrap_unary_response(handler.stream_unary, method), **kwargs)
+            return grpc.stream_unary_rpc_method_handler(_wrap_coroutine(handler.stream_unary, method), **kwargs)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(_wrap_streaming(handler.unary_stream, method), **kwargs)
         return grpc.stream_stream_rpc_method_handler(_wrap_streaming(handler.stream_stream, method), **kwargs)

@@ -36,8 +36,14 @@ FUZZ = settings.get_profile("muestra-fuzz")
 TALLY: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
 
-def tally(surface: str, outcome: str) -> None:
+# With MUESTRA_FUZZ_DETAILS set: the commonest error messages per surface too (to see what examples hit).
+DETAILS: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+
+def tally(surface: str, outcome: str, details: str = "") -> None:
     TALLY[surface][outcome] += 1
+    if details and os.environ.get("MUESTRA_FUZZ_DETAILS"):
+        DETAILS[surface][details[:90]] += 1
 
 
 @pytest.fixture(scope="session")
@@ -118,6 +124,8 @@ def pytest_terminal_summary(terminalreporter):
     for surface in sorted(TALLY):
         counts = ", ".join(f"{outcome} {n}" for outcome, n in TALLY[surface].most_common())
         terminalreporter.write_line(f"{surface}: {counts}")
+        for message, n in DETAILS[surface].most_common(5):
+            terminalreporter.write_line(f"    {n:4d} {message}")
     path = os.environ.get("MUESTRA_FUZZ_REPORT")
     if path:
         with open(path, "w") as out:

@@ -127,7 +127,9 @@ def messages(cls, hints: dict[str, st.SearchStrategy] | None = None, depth: int 
                 continue
             values = scalar(field) if hint is None else st.one_of(hint, hint, scalar(field))
             if repeated:
-                if draw(st.integers(0, 15)) == 0:
+                if hint is not None and draw(st.booleans()):
+                    items = draw(st.lists(hint, max_size=8))  # a list a real client could send
+                elif draw(st.integers(0, 15)) == 0:
                     item = draw(values)
                     if isinstance(item, (str, bytes)):
                         item = item[:8]  # a huge list, not a huge message: 100,000 of them

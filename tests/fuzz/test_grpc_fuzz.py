@@ -30,6 +30,9 @@ ALLOWED = {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "NOT_FOUND", "OUT_OF_
 # A request stream that the service ended (refusing an earlier message) before the client wrote the rest.
 ALLOWED_STREAM_ENDS = {"ENDED_EARLY"}
 
+OUTPUTS = [lm_pb2.OutputSpec(kind=lm_pb2.ARGMAX), lm_pb2.OutputSpec(kind=lm_pb2.LOGITS),
+           lm_pb2.OutputSpec(kind=lm_pb2.TOP_N, top_n=5), lm_pb2.OutputSpec()]  # fmt: skip
+
 # -- hints per surface ------------------------------------------------------------------------------
 
 
@@ -38,7 +41,8 @@ def small(high: int) -> st.SearchStrategy[int]:
 
 
 def text_hints(known: Known) -> dict:
-    ids = st.one_of(small(known.vocab_size - 1), st.sampled_from([known.vocab_size, known.vocab_size + 1, 2**32 - 1]))
+    valid_id = small(known.vocab_size - 1)
+    ids = st.one_of(valid_id, valid_id, valid_id, st.sampled_from([known.vocab_size, known.vocab_size + 1, 2**32 - 1]))
     return {
         "model": st.sampled_from(["", TEXT_MODEL, IMAGE_MODEL, "no-such-model"]),
         "name": st.sampled_from([*known.samplers, "", "no_such_sampler"]),
@@ -60,6 +64,10 @@ def text_hints(known: Known) -> dict:
         "block_size": st.sampled_from([0, 1, 16, 64]),
         "cached_blocks": small(4),
         "rows": small(3),
+        "PrefillRow.output": st.sampled_from(OUTPUTS),
+        "DecodeBatch.outputs": st.sampled_from(OUTPUTS),
+        "PrefillRow.prefix": st.just(lm_pb2.PrefixBlocks()),
+        "request_id": st.sampled_from(["fuzz", ""]),
         "batch_id": st.integers(0, 99).map(lambda i: known.batches[i % len(known.batches)] if known.batches else ""),
     }
 
@@ -208,7 +216,7 @@ def test_hostile_requests_get_a_clear_status(fuzz_stack, known, surface):
         reply = asyncio.run(send())
         errors = stream_errors(surface, reply)
         outcome = "ERROR in stream" if errors else reply.code
-        tally(f"gRPC {surface.name}", outcome)
+        tally(f"gRPC {surface.name}", outcome, reply.details)
         if len(sent) == 1:
             track_batches(surface, known, reply, sent[0][1])
         shown = [surface.request.FromString(b) if h == "valid" else b[:200] for h, b in sent]

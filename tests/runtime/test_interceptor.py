@@ -6,6 +6,7 @@ import asyncio
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from muestra.runtime.errors import InvalidArgument, ResourceExhausted
 from muestra.runtime.interceptor import ErrorMappingInterceptor
@@ -18,6 +19,14 @@ async def _ok(request, context):
 
 async def _invalid(request, context):
     raise InvalidArgument("top_p", "must be in (0, 1], got 1.5")
+
+
+async def _echo_huge(request, context):
+    raise InvalidArgument("model", f"unknown model {'x' * 1_000_000!r}")
+
+
+async def _parse_me(request, context):
+    return request.SerializeToString()
 
 
 async def _crash(request, context):
@@ -35,6 +44,10 @@ def _server() -> grpc.aio.Server:
         "Ok": grpc.unary_unary_rpc_method_handler(_ok),
         "Invalid": grpc.unary_unary_rpc_method_handler(_invalid),
         "Crash": grpc.unary_unary_rpc_method_handler(_crash),
+        "Huge": grpc.unary_unary_rpc_method_handler(_echo_huge),
+        "Parse": grpc.unary_unary_rpc_method_handler(
+            _parse_me, request_deserializer=health_pb2.HealthCheckRequest.FromString
+        ),
         "Stream": grpc.unary_stream_rpc_method_handler(_stream_then_fail),
     }
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Example", handlers)])
@@ -105,3 +118,20 @@ def test_error_in_a_stream_ends_it_with_the_mapped_status(call):
     assert items == [b"first"]
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "limit 4" in error.details()
+
+
+def test_a_status_message_that_echoes_a_huge_field_is_cut_to_fit_its_header(call):
+    # Uncut, grpc drops it (16 KiB header limit) and the client sees RESOURCE_EXHAUSTED "Stream removed".
+    error, _ = call("Huge")
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("model: unknown model 'xxx")
+    assert error.details().endswith("(1000023 characters in all)") and len(error.details()) < 2100
+
+
+def test_request_bytes_that_do_not_parse_are_invalid_argument(call):
+    # grpc itself would answer UNKNOWN "Exception deserializing request!" before any handler ran.
+    error, _ = call("Parse", b"\x0a\x02\xff\xfe")  # field 1 (service, a string): invalid UTF-8
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("request: not a valid protobuf message")
+    reply, _ = call("Parse", health_pb2.HealthCheckRequest(service="lm").SerializeToString())
+    assert health_pb2.HealthCheckRequest.FromString(reply).service == "lm"

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
         await registry.connect(config)
         servicer = GatewayServicer(config, registry, samplers)
         servicers.append(servicer)
+        for router in servicer.routers.values():
+            router.start()  # health checks from the start, not from the first request
         gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
         if keys:
             log.info("API keys required (%d configured)", len(keys))

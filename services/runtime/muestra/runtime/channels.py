@@ -45,10 +45,20 @@ def channel_options(max_message_bytes: int = 64 * 1024 * 1024) -> list[tuple[str
     ]
 
 
+# grpc's reconnect backoff grows to 2 minutes while a peer is down, so a restarted replica could wait
+# that long to be found again: between services, a reconnect is tried at least every 2 s.
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
 def service_channel(target: str, max_message_bytes: int = 64 * 1024 * 1024) -> grpc.aio.Channel:
     """An insecure asyncio channel to another muestra service that forwards the request id."""
     return grpc.aio.insecure_channel(
-        target, options=channel_options(max_message_bytes), interceptors=[_RequestIdInterceptor()]
+        target,
+        options=[*channel_options(max_message_bytes), *RECONNECT_OPTIONS],
+        interceptors=[_RequestIdInterceptor()],
     )
 
 

@@ -63,7 +63,7 @@ class _Call:
             exc = malformed(exc)
         if isinstance(exc, MuestraError):
             self.code = exc.code
-            await self.context.abort(exc.code, str(exc))
+            await self.context.abort(exc.code, _short(str(exc)))
         self.code = grpc.StatusCode.INTERNAL
         log.exception("internal error in %s", self.method)
         await self.context.abort(
@@ -87,6 +87,17 @@ class _Call:
             # grpc closes a stream handler that its client cancelled from another task (another
             # context), where this request's id was never set: there is nothing to restore.
             pass
+
+
+# A status message travels in a header that grpc caps at 16 KiB: a message that echoes a huge field
+# would reach the client as RESOURCE_EXHAUSTED "Stream removed" instead of the status meant.
+MAX_STATUS_MESSAGE = 2000
+
+
+def _short(message: str) -> str:
+    if len(message) <= MAX_STATUS_MESSAGE:
+        return message
+    return f"{message[: MAX_STATUS_MESSAGE - 40]}… ({len(message)} characters in all)"
 
 
 class Malformed:

@@ -32,12 +32,11 @@ def free_port() -> int:
 
 def _healthy(address: str) -> bool:
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from muestra.runtime.healthcheck import check
 
     try:
-        with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
+        return check(address, timeout_s=1) == "SERVING"
     except grpc.RpcError:
         return False
 

@@ -93,7 +93,7 @@ class StepStream:
             self._call = self._open_stream()
         call = self._call
         try:
-            reply = await asyncio.wait_for(_write_then_read(call, request), timeout_s)
+            reply = await _within(timeout_s, _write_then_read(call, request))
         except asyncio.TimeoutError:
             self.close()
             raise rpc_error(
@@ -112,6 +112,18 @@ class StepStream:
         if self._call is not None:
             self._call.cancel()
             self._call = None
+
+
+async def _within(timeout_s: float, coroutine):
+    """`coroutine`'s result, or asyncio.TimeoutError after timeout_s.
+
+    Every decode step passes here twice: asyncio.timeout (3.11+) runs the coroutine in this task,
+    where wait_for would create a task per exchange.
+    """
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(timeout_s):
+            return await coroutine
+    return await asyncio.wait_for(coroutine, timeout_s)
 
 
 async def _write_then_read(call: grpc.aio.StreamStreamCall, request):

@@ -105,6 +105,10 @@ def test_scheduler_options_in_extra_override_its_config(diffusion_service, refer
         ({"scheduler": {"timestep_spacing": "sideways"}}, "extra.scheduler"),
         ({"scheduler": "trailing"}, "extra.scheduler"),
         ({"lora": "x"}, "extra"),
+        # JSON has no NaN or infinities: these used to fail MessageToDict as INTERNAL.
+        ({"scheduler": {"beta_start": float("nan")}}, "extra.scheduler.beta_start"),
+        ({"scheduler": {"betas": [0.1, float("-inf")]}}, "extra.scheduler.betas[1]"),
+        ({"lora": float("inf")}, "extra.lora"),
     ],
 )
 def test_bad_scheduler_options_are_invalid_argument_naming_the_option(extra, field, diffusion_service):

@@ -80,8 +80,15 @@ def test_a_wrong_or_missing_key_is_401_and_health_needs_none(stack):
         ({"extra_body": {"repetition_penalty": 0.0}}, "repetition_penalty"),
         ({"extra_body": {"samplers": [{"name": "no_such_sampler"}]}}, "samplers[0].name"),
         ({"extra_body": {"frobnicate": True}}, "frobnicate"),
+        # Integers no protobuf field or double can hold (they used to be 500s).
+        ({"extra_body": {"top_k": 10**400}}, "top_k"),
+        ({"extra_body": {"samplers": [{"name": "top_k", "params": {"top_k": -(10**30)}}, {"name": "sample"}]}},
+         "samplers"),
+        ({"extra_body": {"stop_token_ids": [-1]}}, "stop_token_ids[0]"),
+        ({"max_tokens": 2**32}, "max_tokens"),
+        ({"seed": 2**64}, "seed"),
     ],
-)
+)  # fmt: skip
 def test_bad_completion_parameters_are_400_naming_the_param(client, stack, kwargs, param):
     kwargs = {"model": stack.text_model, "prompt": PROMPT, "max_tokens": 4, **kwargs}
     with pytest.raises(openai.BadRequestError) as error:

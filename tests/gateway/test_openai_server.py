@@ -109,3 +109,36 @@ def test_sigterm_lets_a_running_http_stream_finish_then_exits(gateway, backends)
     assert rest[-1].usage.completion_tokens == 450
     assert gateway.proc.wait(30) == 0
     assert backends.lm_rows() == 0
+
+
+def test_streams_still_running_when_the_grace_period_ends_get_an_error_event_and_done(backends, tmp_path):
+    gateway = start_gateway(
+        tmp_path, backends.tokenizer.address, backends.lm.address, "--http-port", "0", "--grace-period-s", "2"
+    )
+    try:
+        port = http_port(gateway)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        body = {"model": "", "prompt": PROMPT, "max_tokens": 400, "stream": True, "ignore_eos": True, "seed": 9}
+        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.readline().startswith(b"data: {")
+        # A stopped tokenizer holds the stream mid-way for longer than the grace period.
+        backends.tokenizer.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            gateway.proc.send_signal(signal.SIGTERM)
+            events = [line for line in response.read().decode().splitlines() if line.startswith("data: ")]
+        finally:
+            backends.tokenizer.proc.send_signal(signal.SIGCONT)
+        assert time.monotonic() - started < 5
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert "the gateway is shutting down; retry with seed 9" in error["message"], error
+        assert gateway.proc.wait(30) == 0
+    finally:
+        gateway.stop()
+    deadline = time.monotonic() + 5
+    while backends.lm_rows() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert backends.lm_rows() == 0

@@ -206,6 +206,30 @@ def test_logit_bias_can_force_a_token(client, stack, reference):
     assert response.choices[0].text == tokenizer.decode([token]) * 4
 
 
+def test_logprobs_cover_the_text_only_not_the_token_that_ended_it(client, stack, reference):
+    model, tokenizer = reference
+    eos = model.generation_config.eos_token_id
+    fox = tokenizer(" fox").input_ids[-1]
+    chat = dict(model=stack.text_model, messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True)
+    # EOS comes first: no text, so no logprob entries (there used to be one, for EOS).
+    ended = client.chat.completions.create(**chat, logit_bias={str(eos): 100})
+    assert ended.choices[0].finish_reason == "stop" and ended.choices[0].message.content == ""
+    assert ended.choices[0].logprobs.content == []
+    chunks = list(client.chat.completions.create(**chat, logit_bias={str(eos): 100}, stream=True))
+    assert [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content] == []
+    # A stop token id ends it the same way; tokens before it keep their entries.
+    stopped = client.completions.create(
+        model=stack.text_model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1, logit_bias={str(fox): 100},
+        extra_body={"stop_token_ids": [fox]},
+    )  # fmt: skip
+    assert stopped.choices[0].text == "" and stopped.choices[0].logprobs.tokens == []
+    kept = client.completions.create(
+        model=stack.text_model, prompt=PROMPT, max_tokens=3, temperature=0, logprobs=1, logit_bias={str(fox): 100},
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert "".join(kept.choices[0].logprobs.tokens) == kept.choices[0].text == tokenizer.decode([fox]) * 3
+
+
 def test_explicit_sampler_chain_overrides_the_openai_fields(client, stack, reference):
     model, tokenizer = reference
     beams = {"name": "beam_search", "params": {"num_beams": 3, "length_penalty": 1.0, "early_stopping": False}}

@@ -7,7 +7,7 @@ import math
 import secrets
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import json_format, struct_pb2
 
 from muestra.diffusion.registry import SchedulerEntry, SchedulerRegistry
 from muestra.runtime.errors import InvalidArgument, NotFound, check_limit
@@ -74,11 +74,26 @@ def _check_size(field: str, value: int, default: int, low: int, high: int) -> in
     return value
 
 
+def _check_finite(field: str, value: struct_pb2.Struct | struct_pb2.ListValue | struct_pb2.Value) -> None:
+    """InvalidArgument naming the first NaN or infinity in a Struct (JSON, and so MessageToDict, has none)."""
+    if isinstance(value, struct_pb2.Struct):
+        for key, item in value.fields.items():
+            _check_finite(f"{field}.{key}", item)
+    elif isinstance(value, struct_pb2.ListValue):
+        for i, item in enumerate(value.values):
+            _check_finite(f"{field}[{i}]", item)
+    elif value.WhichOneof("kind") == "number_value" and not math.isfinite(value.number_value):
+        raise InvalidArgument(field, f"must be a finite number, got {value.number_value}")
+    elif value.WhichOneof("kind") in ("struct_value", "list_value"):
+        _check_finite(field, getattr(value, value.WhichOneof("kind")))
+
+
 def _scheduler_options(request: diffusion_pb2.ImageRequest) -> dict[str, Any]:
     if not request.HasField("extra"):
         return {}
     if request.extra.ByteSize() > MAX_EXTRA_BYTES:
         raise InvalidArgument("extra", f"is {request.extra.ByteSize()} bytes; the limit is {MAX_EXTRA_BYTES} bytes")
+    _check_finite("extra", request.extra)
     extra = json_format.MessageToDict(request.extra)
     unknown = sorted(set(extra) - set(EXTRA_KEYS))
     if unknown:

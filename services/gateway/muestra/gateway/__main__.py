@@ -3,7 +3,9 @@ tokenizer, lm and diffusion services."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from muestra.gateway.auth import ApiKeyInterceptor
 from muestra.gateway.config import GatewayConfig
@@ -14,6 +16,8 @@ from muestra.runtime import ServiceSpec, load_config, run_service
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc
 
 log = logging.getLogger("muestra.gateway")
+# Text requests still running this long before the grace period ends are failed by the gateway.
+SHUTDOWN_MARGIN_S = 1.0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,9 +46,22 @@ def main(argv: list[str] | None = None) -> None:
             http_servers.append(await start_http_api(servicer, config, keys))
         return [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name]
 
+    async def drain(grace_period_s: float) -> None:
+        """Stop taking HTTP requests now; end the text requests still running just before the grace ends.
+
+        Failed with UNAVAILABLE (and their seeds) by the gateway itself, their gRPC streams end with that
+        status and their HTTP streams with an error event and [DONE], instead of being cut.
+        """
+        stopping = [asyncio.ensure_future(http_server.stop()) for http_server in http_servers]
+        deadline = time.monotonic() + max(0.0, grace_period_s - min(SHUTDOWN_MARGIN_S, grace_period_s / 4))
+        while servicers and servicers[0].busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if servicers and servicers[0].busy():
+            log.warning("grace period ending: failing the text requests still running")
+            servicers[0].shut_down()
+        await asyncio.gather(*stopping)
+
     async def close() -> None:
-        for http_server in http_servers:
-            await http_server.stop()
         await registry.close()
 
     def health_problem() -> str | None:
@@ -57,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             close=close,
             interceptors=[ApiKeyInterceptor(keys)],
             health_probe=health_problem,
+            drain=drain,
         ),
         config,
     )

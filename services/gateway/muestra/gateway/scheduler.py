@@ -96,6 +96,8 @@ class ReplicaScheduler:
         self.batch_id = ""
         # Batches prefilled since the last step, with their rows: the next Decode joins them to the running one.
         self.joining: list[tuple[str, list[Row]]] = []
+        # The request being prefilled (out of `waiting`, not yet in `joining`).
+        self.admitting: GenerationRequest | None = None
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.steps = 0
@@ -236,6 +238,7 @@ class ReplicaScheduler:
                 request.out.put_nowait(None)
                 continue
             request.admitted = time.monotonic()
+            self.admitting = request
             try:
                 used += await self._prefill(request)
             except LmFailed as exc:
@@ -246,6 +249,8 @@ class ReplicaScheduler:
                 raise
             except MuestraError as exc:
                 request.fail(exc)
+            finally:
+                self.admitting = None
             self.progress.moved()
 
     async def _prefill(self, request: GenerationRequest) -> int:
@@ -462,6 +467,14 @@ class ReplicaScheduler:
             self.router.reroute(request, self)
             return
         request.fail(Unavailable(f"{exc}; retry with seed {request.seed} for the same text"))
+
+    def shut_down(self) -> None:
+        """The gateway's grace period is ending: fail what is in flight or waiting, each with its seed."""
+        admitting = [self.admitting] if self.admitting is not None else []
+        for request in [*admitting, *self._in_flight(), *self.waiting]:
+            request.fail(Unavailable(f"the gateway is shutting down; retry with seed {request.seed} for the same text"))
+        self.waiting.clear()
+        self.wake.set()
 
     async def _end_all(self, exc: MuestraError) -> None:
         """End every request in flight or waiting with `exc`, and free their batches on the lm."""

@@ -79,6 +79,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def schedulers(self) -> list:
         return [s for router in self.routers.values() for s in router.schedulers.values()]
 
+    def busy(self) -> bool:
+        return any(scheduler.has_work() for scheduler in self.schedulers())
+
+    def shut_down(self) -> None:
+        """End every text request still running with UNAVAILABLE (and its seed), so streams end cleanly."""
+        for scheduler in self.schedulers():
+            scheduler.shut_down()
+
     # -- text ---------------------------------------------------------------------------------
 
     def _validate(self, request: gateway_pb2.GenerateRequest) -> None:

@@ -40,6 +40,9 @@ class ServiceSpec:
     # Asked every HEALTH_PROBE_S while serving: why the service should not get traffic, or None.
     # Its answer sets the health status of every service name (NOT_SERVING while it has a reason).
     health_probe: Callable[[], str | None] | None = None
+    # Started when the service begins to stop, with the grace period; awaited once the server has
+    # stopped. It runs while in-flight calls drain (the gateway ends its HTTP API and open streams there).
+    drain: Callable[[float], Awaitable[None]] | None = None
 
 
 HEALTH_PROBE_S = 1.0
@@ -86,7 +89,10 @@ async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event
     prober.cancel()
     draining().set()  # idle step streams end (muestra.runtime.step_streams)
     await health_servicer.enter_graceful_shutdown()
+    drainer = asyncio.ensure_future(spec.drain(config.grace_period_s)) if spec.drain is not None else None
     await server.stop(config.grace_period_s)
+    if drainer is not None:
+        await drainer
     stopper.cancel()
     watcher.cancel()
     if spec.close is not None:

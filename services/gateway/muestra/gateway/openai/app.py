@@ -74,6 +74,10 @@ class TextRun:
 
     async def respond(self, http: Request) -> Response:
         messages, model = await self.start()
+        asked = self.requests[0]
+        self.choices.ending_ids = frozenset(asked.stop_token_ids) | (
+            frozenset() if asked.ignore_eos else frozenset(model.eos_token_ids)
+        )
         kind = "chat.completion" if self.chat else "text_completion"
         if self.body.stream:
             head = envelope(kind + ".chunk" if self.chat else kind, request_id_var.get(), model.name, model.fingerprint)

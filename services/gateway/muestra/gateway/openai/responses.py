@@ -68,6 +68,12 @@ class Choices:
         self.offsets: dict[int, int] = {}
         self.done: dict[int, gateway_pb2.Completion] = {}
         self.want_logprobs = False
+        # Tokens that end a completion without adding text (EOS, stop_token_ids): no logprob entry, as
+        # OpenAI gives none; the gRPC API keeps them (one entry per id there).
+        self.ending_ids: frozenset[int] = frozenset()
+
+    def text_logprobs(self, entries) -> list:
+        return [e for e in entries if e.token_id not in self.ending_ids]
 
     def prompt_of(self, choice: int) -> str:
         return self.prompts[choice // self.n]
@@ -77,7 +83,7 @@ class Choices:
             self.done[choice] = message.done
         else:
             self.texts[choice].append(message.delta.text)
-            self.logprobs[choice].extend(message.delta.logprobs)
+            self.logprobs[choice].extend(self.text_logprobs(message.delta.logprobs))
 
     def usage(self) -> dict:
         """Prompt tokens count once per prompt (its n completions share the prefill)."""
@@ -139,15 +145,16 @@ class Choices:
 
     def delta_choice(self, choice: int, delta: gateway_pb2.TextDelta) -> dict | None:
         """One chunk's choice for a delta; None when there is nothing to send (no text, no logprobs)."""
-        if not delta.text and not (self.want_logprobs and delta.logprobs):
+        entries = self.text_logprobs(delta.logprobs) if self.want_logprobs else []
+        if not delta.text and not entries:
             return None
         if self.chat:
-            logprobs = chat_logprobs(delta.logprobs) if self.want_logprobs else None
+            logprobs = chat_logprobs(entries) if self.want_logprobs else None
             return {"index": choice, "delta": {"content": delta.text}, "logprobs": logprobs, "finish_reason": None}
         logprobs = None
         if self.want_logprobs:
             start = self.offsets.get(choice, len(self.prompt_of(choice)) if self.echo else 0)
-            logprobs, self.offsets[choice] = legacy_logprobs(delta.logprobs, start)
+            logprobs, self.offsets[choice] = legacy_logprobs(entries, start)
         return {"index": choice, "text": delta.text, "logprobs": logprobs, "finish_reason": None}
 
     def final_choice(self, choice: int, done: gateway_pb2.Completion) -> dict:

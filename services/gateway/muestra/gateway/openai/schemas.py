@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 UINT64_MAX = 2**64 - 1
 # Counts and token ids travel as uint32 to the services: larger ones are refused here, by field.
@@ -16,24 +16,40 @@ UINT32_MAX = 2**32 - 1
 TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
 
 
-def _lone_surrogate(value: Any) -> str | None:
-    """The first lone surrogate in a string anywhere in `value` (JSON's "\\ud800" decodes to one), or None."""
+# Numbers travel to the services as protobuf integers or doubles (sampler params): an integer of larger
+# magnitude than any of them can hold is refused in every field, nested ones included.
+INTEGER_LIMIT = UINT64_MAX
+
+
+def _unfit(value: Any, where: str = "") -> str | None:
+    """Why `value` (a field's JSON, at any depth) cannot reach the services, or None.
+
+    A lone surrogate (JSON's "\\ud800" decodes to one) is not Unicode that UTF-8 can carry, and an
+    integer beyond ±2^64 fits neither a protobuf integer nor, in a sampler's params, a double.
+    `where` is the path inside the field, named in the message.
+    """
+    at = f" at {where}" if "[" in where or "." in where else ""  # the field itself is named by the caller
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            return f"U+{ord(value[exc.start]):04X}"
+            return f"contains the lone surrogate U+{ord(value[exc.start]):04X}{at}, which is not a Unicode character"
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > INTEGER_LIMIT:
+            digits = len(str(abs(value)))
+            return f"holds an integer of {digits} digits{at}; integers must be within ±{INTEGER_LIMIT}"
         return None
     if isinstance(value, dict):
-        items = [*value.keys(), *value.values()]
+        for key, item in value.items():
+            found = _unfit(key, where) or _unfit(item, f"{where}.{key}" if where else str(key))
+            if found is not None:
+                return found
     elif isinstance(value, (list, tuple)):
-        items = value
-    else:
-        return None
-    for item in items:
-        found = _lone_surrogate(item)
-        if found is not None:
-            return found
+        for i, item in enumerate(value):
+            found = _unfit(item, f"{where}[{i}]")
+            if found is not None:
+                return found
     return None
 
 
@@ -42,11 +58,10 @@ class _Body(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_lone_surrogates(cls, value: Any) -> Any:
-        # Text must be Unicode that UTF-8 can carry to the services; a lone surrogate is not.
-        found = _lone_surrogate(value)
+    def _fits_the_wire(cls, value: Any, info: ValidationInfo) -> Any:
+        found = _unfit(value, info.field_name or "")
         if found is not None:
-            raise ValueError(f"contains the lone surrogate {found}, which is not a Unicode character")
+            raise ValueError(found)
         return value
 
 

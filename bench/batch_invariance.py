@@ -1,0 +1,199 @@
+"""Is a row's logits independent of the other rows in its lm batch? Bitwise, step by step.
+
+    .venv/bin/python bench/batch_invariance.py                          # the default model
+    .venv/bin/python bench/batch_invariance.py --model DIR --steps 40 --threads 1 --no-opt
+
+A target row (a fixed prompt, then fixed next tokens, so every run feeds it the same ids) is
+driven through the lm Engine in several batch situations; its logits after the prefill and after
+each decode step are compared with the target decoded alone: how many of the steps are bitwise
+equal, and the largest absolute difference. Neighbours get random prompts and tokens.
+
+A second table runs single-operator graphs (the ones a Llama step is made of) to show where
+variance can come from: a MatMul row with M-1 other rows beside it (the linear layers), and the
+attention's probs x V MatMul and Softmax with `pad` masked leading positions (left padding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, bench/ would come first on sys.path, where a module may shadow the standard library's.
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+from muestra.lm.engine import DecodeInput, Engine, PrefillInput  # noqa: E402
+from muestra.lm.model import OnnxDecoder  # noqa: E402
+
+SPEC = (0, 0)  # OUTPUT_KIND_UNSPECIFIED: full logits
+
+
+def load(model: Path, threads: int, optimize: bool) -> Engine:
+    decoder = OnnxDecoder(model, providers="cpu", intra_op_threads=threads)
+    if not optimize:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if threads > 0:
+            options.intra_op_num_threads = threads
+        decoder.session = ort.InferenceSession(str(model / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        decoder._binding = None
+    return Engine(decoder, max_batch_rows=64, kv_budget_bytes=1 << 36, max_top_n=16)
+
+
+class Target:
+    """Runs the target row (always row 0) through one batch situation; returns its logits per step."""
+
+    def __init__(self, engine: Engine, prompt: np.ndarray, ids: np.ndarray, seed: int) -> None:
+        self.engine, self.prompt, self.ids = engine, prompt, ids
+        self.rng = np.random.default_rng(seed)
+        self.vocab = engine.info.vocab_size
+
+    def _tokens(self, n: int) -> np.ndarray:
+        return self.rng.integers(3, self.vocab, n).astype(np.int64)
+
+    def _prefill(self, prompts: list[np.ndarray]) -> tuple[str, np.ndarray]:
+        result = self.engine.prefill([PrefillInput(f"r{i}", p, SPEC) for i, p in enumerate(prompts)])
+        return result.batch_id, result.logits
+
+    def run(self, with_=(), alone_after_prefill=False, joins=None, leaves=None) -> list[np.ndarray]:
+        """`with_`: neighbour prompt lengths in the target's prefill; `joins[step]`: lengths of rows
+        prefilled apart and joined at that step (Engine.decode of two batches); `leaves[step]`: how
+        many neighbours stay after that step (the longest ones leave, through Engine.filter)."""
+        joins, leaves = joins or {}, leaves or {}
+        batch, logits = self._prefill([self.prompt] + [self._tokens(n) for n in with_])
+        out = [logits[0]]
+        if alone_after_prefill:
+            batch, _ = self.engine.filter(batch, [0])
+        for step in range(len(self.ids)):
+            rows = self.engine.batches[batch].rows
+            items = [DecodeInput(batch, np.concatenate([self.ids[step : step + 1], self._tokens(rows - 1)]), None)]
+            if step in joins:
+                joined, _ = self._prefill([self._tokens(n) for n in joins[step]])
+                items.append(DecodeInput(joined, self._tokens(len(joins[step])), None))
+            result = self.engine.decode(items)
+            batch = result.batch_id
+            out.append(result.logits[0])
+            if step in leaves:
+                lengths = self.engine.batches[batch].lengths
+                keep = sorted(range(1, len(lengths)), key=lambda r: lengths[r])[: leaves[step]]
+                batch, _ = self.engine.filter(batch, [0, *keep])
+        self.engine.clear([])
+        return out
+
+
+def scenarios(length: int, steps: int) -> dict[str, dict]:
+    q = steps // 4
+    return {
+        "(a) alone again (replay)": {},
+        "(b) 7 neighbours, same length": {"with_": [length] * 7},
+        "(b) 7 neighbours, length +4k": {"with_": [length + 4 * k for k in range(1, 8)]},
+        "(c) 7 longer neighbours": {"with_": [length + k for k in (1, 2, 3, 5, 9, 14, 30)]},
+        "(c) 7 shorter neighbours": {"with_": [max(1, length - k) for k in (1, 2, 3, 5, 9, 14, 17)]},
+        "(c) joins and leaves (decode only)": {
+            "alone_after_prefill": True,
+            "joins": {0: [3, 9, 17], q: [length + 11, 60], 3 * q: [2]},
+            "leaves": {2 * q: 2},
+        },
+        "(d) prefill padded, decode alone": {"with_": [length + k for k in (1, 2, 3, 7)], "alone_after_prefill": True},
+        "(d) prefill beside shorter, decode alone": {"with_": [3, 7, 10], "alone_after_prefill": True},
+    }
+
+
+def compare(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[int, float, int]:
+    """Bitwise-equal steps, max |diff|, first step that differs (-1: none)."""
+    diffs = [float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(ref, got, strict=True)]
+    equal = [np.array_equal(a, b) for a, b in zip(ref, got, strict=True)]
+    return sum(equal), max(diffs), equal.index(False) if not all(equal) else -1
+
+
+def model_table(args: argparse.Namespace) -> None:
+    engine = load(args.model, args.threads, not args.no_opt)
+    info = engine.info
+    rng = np.random.default_rng(args.seed)
+    prompt = rng.integers(3, info.vocab_size, args.length).astype(np.int64)
+    ids = rng.integers(3, info.vocab_size, args.steps).astype(np.int64)
+    target = Target(engine, prompt, ids, args.seed + 1)
+    print(f"model {args.model} ({info.layout}, {engine.decoder.storage_cls.__name__}), threads "
+          f"{args.threads or 'default'}, graph optimizations {'off' if args.no_opt else 'all'}; target prompt "
+          f"{args.length} tokens, {args.steps} decode steps (+ the prefill)")
+    reference = target.run()
+    print(f"{'situation':<42} {'bitwise equal':>13} {'max |diff|':>11} {'first diff':>10}")
+    for name, plan in scenarios(args.length, args.steps).items():
+        equal, diff, first = compare(reference, target.run(**plan))
+        print(f"{name:<42} {equal:>6}/{len(reference):<6} {diff:>11.3g} {first if first >= 0 else '-':>10}")
+
+
+def _session(nodes, inputs, outputs, initializers, args: argparse.Namespace) -> ort.InferenceSession:
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "op", inputs, outputs, initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    options = ort.SessionOptions()
+    if args.threads > 0:
+        options.intra_op_num_threads = args.threads
+    if args.no_opt:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def op_table(args: argparse.Namespace) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(args.seed)
+    print(f"\nsingle operators: max |diff| of one row against it run alone (threads {args.threads or 'default'})")
+    for dtype, onnx_type in ((np.float32, TensorProto.FLOAT), (np.float16, TensorProto.FLOAT16)):
+
+        def io(name: str) -> object:
+            return helper.make_tensor_value_info(name, onnx_type, None)
+
+        k, n = 256, 704
+        weight = numpy_helper.from_array((rng.standard_normal((k, n)) * 0.05).astype(dtype), "w")
+        linear = _session([helper.make_node("MatMul", ["x", "w"], ["y"])], [io("x")], [io("y")], [weight], args)
+        x = rng.standard_normal((1, k)).astype(dtype)
+        alone = linear.run(None, {"x": x})[0][0]
+        cells = []
+        for m in (2, 8, 64):
+            rows = np.concatenate([x, rng.standard_normal((m - 1, k)).astype(dtype)])
+            cells.append(f"M={m}: {np.abs(linear.run(None, {'x': rows})[0][0] - alone).max():.2g}")
+        print(f"  {np.dtype(dtype).name:<8} linear [M,{k}]x[{k},{n}]       " + "  ".join(cells))
+
+        heads, dim, length = 4, 64, 37
+        pv = _session([helper.make_node("MatMul", ["a", "b"], ["c"])], [io("a"), io("b")], [io("c")], [], args)
+        soft = _session([helper.make_node("Softmax", ["s"], ["t"], axis=-1)], [io("s")], [io("t")], [], args)
+        probs = rng.random((1, heads, 1, length)).astype(dtype)
+        values = rng.standard_normal((1, heads, length, dim)).astype(dtype)
+        scores = (rng.standard_normal((1, heads, 1, length)) * 3).astype(dtype)
+        pv_alone = pv.run(None, {"a": probs, "b": values})[0]
+        soft_alone = soft.run(None, {"s": scores})[0]
+        pv_cells, soft_cells = [], []
+        for pad in (1, 2, 3, 4, 5, 8, 16):
+            a = np.concatenate([np.zeros((1, heads, 1, pad), dtype), probs], 3)
+            b = np.concatenate([np.zeros((1, heads, pad, dim), dtype), values], 2)
+            pv_cells.append(f"{pad}: {np.abs(pv.run(None, {'a': a, 'b': b})[0] - pv_alone).max():.2g}")
+            s = np.concatenate([np.full((1, heads, 1, pad), np.finfo(dtype).min, dtype), scores], 3)
+            soft_cells.append(f"{pad}: {np.abs(soft.run(None, {'s': s})[0][..., pad:] - soft_alone).max():.2g}")
+        print(f"  {'':<8} probs x V, pad  " + "  ".join(pv_cells))
+        print(f"  {'':<8} Softmax,   pad  " + "  ".join(soft_cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "muestra-text", help="lm model folder")
+    parser.add_argument("--steps", type=int, default=40, help="decode steps after the prefill")
+    parser.add_argument("--length", type=int, default=21, help="target prompt length")
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: onnxruntime's default)")
+    parser.add_argument("--no-opt", action="store_true", help="disable onnxruntime graph optimizations")
+    parser.add_argument("--no-ops", action="store_true", help="skip the single-operator table")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    model_table(args)
+    if not args.no_ops:
+        op_table(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import threading
 import time
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from muestra.client import Client, InvalidArgumentError, NotFoundError
+from muestra.v1 import gateway_pb2
 
 PROMPT = "The quick brown fox"
 
@@ -156,6 +158,28 @@ def test_cancelling_the_stream_frees_the_lm_rows(client, stack):
     deadline = time.monotonic() + 5
     while stack.lm_rows() and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert stack.lm_rows() == 0
+
+
+def test_timeout_ms_ends_the_stream_on_time_while_the_tokenizer_is_stopped(stack):
+    request = gateway_pb2.GenerateRequest(prompt=PROMPT, max_tokens=400, ignore_eos=True, seed=3, timeout_ms=2500)
+    started = time.monotonic()
+    stream = stack.stub.Generate(request, timeout=60)
+    next(stream)
+    stack.tokenizer.proc.send_signal(signal.SIGSTOP)  # the scheduler now waits on a detokenize step
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            for _ in stream:
+                pass
+        took = time.monotonic() - started
+    finally:
+        stack.tokenizer.proc.send_signal(signal.SIGCONT)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "retry with seed 3" in error.value.details() and "Detokenize" in error.value.details()
+    assert took < 2.5 + 1.5, took  # not the tokenizer's own 30 s deadline
+    deadline = time.monotonic() + 10
+    while stack.lm_rows() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert stack.lm_rows() == 0
 
 

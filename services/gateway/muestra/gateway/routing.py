@@ -51,6 +51,11 @@ class Router:
         self.schedulers[replica.address] = scheduler
         return scheduler
 
+    def waits_of(self, address: str) -> str:
+        """What the scheduler of this replica is awaiting now (for errors), or ''."""
+        scheduler = self.schedulers.get(address)
+        return "; ".join(scheduler.progress.waits()) if scheduler is not None else ""
+
     def healthy(self) -> list[ReplicaScheduler]:
         return [s for s in self.schedulers.values() if s.healthy]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import secrets
@@ -18,6 +19,7 @@ from muestra.gateway.request import GenerationRequest
 from muestra.gateway.routing import Router
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.scheduler import grpc_error_to_muestra
+from muestra.runtime.deadlines import within
 from muestra.runtime.errors import DeadlineExceeded, InvalidArgument, Unavailable, check_limit
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc, tokenizer_pb2
@@ -42,6 +44,24 @@ def sampler_specs(request: gateway_pb2.GenerateRequest) -> list[dict]:
     ]
 
 
+# The scheduler ends a request at its deadline (finish reason CANCELLED); past this much more, the
+# scheduler itself is held up by another service and the stream ends here instead.
+DEADLINE_SLACK_S = 0.5
+
+
+async def _next_item(generation: GenerationRequest, scheduler: Router):
+    if generation.deadline is None:
+        return await generation.out.get()
+    try:
+        return await within(generation.deadline - time.monotonic() + DEADLINE_SLACK_S, generation.out.get())
+    except asyncio.TimeoutError:
+        waits = scheduler.waits_of(generation.replica)
+        raise DeadlineExceeded(
+            "the request's deadline (timeout_ms, or its call's) passed while the gateway waited for "
+            f"{waits or 'its turn'}; retry with seed {generation.seed} for the same text"
+        ) from None
+
+
 async def stream_generation(
     generation: GenerationRequest, scheduler: Router
 ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
@@ -50,7 +70,7 @@ async def stream_generation(
     finished = False
     try:
         while True:
-            item = await generation.out.get()
+            item = await _next_item(generation, scheduler)
             if item is None:
                 finished = True
                 return

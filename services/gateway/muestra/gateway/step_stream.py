@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 import grpc
 
+from muestra.runtime.deadlines import within
+
 log = logging.getLogger("muestra.gateway.step_stream")
 
 # Statuses that end a stream because of the request itself, or after the step's whole deadline:
@@ -93,7 +95,7 @@ class StepStream:
             self._call = self._open_stream()
         call = self._call
         try:
-            reply = await _within(timeout_s, _write_then_read(call, request))
+            reply = await within(timeout_s, _write_then_read(call, request))
         except asyncio.TimeoutError:
             self.close()
             raise rpc_error(
@@ -112,18 +114,6 @@ class StepStream:
         if self._call is not None:
             self._call.cancel()
             self._call = None
-
-
-async def _within(timeout_s: float, coroutine):
-    """`coroutine`'s result, or asyncio.TimeoutError after timeout_s.
-
-    Every decode step passes here twice: asyncio.timeout (3.11+) runs the coroutine in this task,
-    where wait_for would create a task per exchange.
-    """
-    if hasattr(asyncio, "timeout"):
-        async with asyncio.timeout(timeout_s):
-            return await coroutine
-    return await asyncio.wait_for(coroutine, timeout_s)
 
 
 async def _write_then_read(call: grpc.aio.StreamStreamCall, request):

@@ -11,6 +11,9 @@ from tests.harness import RedisServer
 # Test gateways keep the HTTP API off unless a test asks for it with --http-port (a flag beats
 # this variable), so that no two of them compete for the default port.
 os.environ.setdefault("MUESTRA_GATEWAY_HTTP_PORT", "-1")
+# Services sharing the session's Redis sign cache blocks with one key, as a deployment's replicas do
+# (without one, each process signs with a random key and no two share blocks).
+os.environ.setdefault("MUESTRA_CACHE_KEY", "muestra-tests-cache-key")
 
 pytest_plugins = [
     "tests.fixtures.diffusion_models",

@@ -61,8 +61,8 @@ def test_a_repeated_prompt_hits_the_cache_and_gives_the_same_pixels(cached_servi
     keys = client.keys(KEYS)
     assert len(keys) >= 2
     assert all(0 < client.ttl(key) <= 600 for key in keys)
-    # The entry is a JSON header line and raw bytes, not a pickle.
-    assert client.get(keys[0]).split(b"\n", 1)[0].startswith(b'{"v":1,"dtype":"float32","shape":[1,77,32]')
+    # The entry is a JSON header line and raw bytes (then a MAC), not a pickle.
+    assert client.get(keys[0]).split(b"\n", 1)[0].startswith(b'{"v":2,"dtype":"float32","shape":[1,77,32]')
 
 
 def test_a_corrupt_entry_is_a_miss(cached_service, own_redis, reference_sd):
@@ -76,6 +76,29 @@ def test_a_corrupt_entry_is_a_miss(cached_service, own_redis, reference_sd):
     [image] = generate(cached_service.address, **fields).images
     assert _delta(_counts(cached_service), before) == {"queries": 1, "hits": 0, "errors": 0, "corrupt": 1}
     expected = reference_sd.image(prompt="a red chair", width=64, height=64, steps=2, seed=9, guidance_scale=1.0)
+    np.testing.assert_array_equal(pixels(image.png), expected)
+
+
+def test_a_forged_entry_is_a_miss(cached_service, own_redis, reference_sd):
+    """Well-formed entries (zeros instead of the embeddings) signed by someone without the cache key."""
+    import torch
+
+    from muestra.diffusion.embeddings import decode_entry, encode_entry
+    from muestra.runtime.cache_mac import CacheMac
+
+    fields = {"prompt": "a blue door", "steps": 2, "seed": 11, "guidance_scale": 1.0}
+    generate(cached_service.address, **fields)
+    client = redis.Redis.from_url(own_redis.url)
+    attacker = CacheMac("a guess", "test")
+    ours = CacheMac("muestra-tests-cache-key", "test")  # the session's key (tests/conftest.py)
+    for key in client.keys(KEYS):
+        genuine = decode_entry(client.get(key), ours)
+        if genuine is not None:  # (entries an earlier test corrupted stay as they are)
+            client.set(key, encode_entry(torch.zeros(genuine.shape), attacker))
+    before = _counts(cached_service)
+    [image] = generate(cached_service.address, **fields).images
+    assert _delta(_counts(cached_service), before) == {"queries": 1, "hits": 0, "errors": 0, "corrupt": 1}
+    expected = reference_sd.image(prompt="a blue door", width=64, height=64, steps=2, seed=11, guidance_scale=1.0)
     np.testing.assert_array_equal(pixels(image.png), expected)
 
 

@@ -137,6 +137,50 @@ def test_two_lm_replicas_share_hits_through_redis(redis_lm, redis_client, tiny_l
     assert np.abs(hit_more - cold_more).max() <= 1e-4
 
 
+def test_a_replica_with_another_cache_key_uses_none_of_these_blocks(
+    redis_lm, redis_client, tiny_lm, redis_server, prefix_log_dir, tmp_path
+):
+    first = redis_lm("llama")
+    ids = random_prompt(4 * BLOCK + 3, seed=23)
+    cold = _write_blocks(first, redis_client, ids)
+    key_file = tmp_path / "cache-key"
+    key_file.write_text("another deployment's key\n")
+    flags = ("--redis-url", redis_server.url, "--prefix-cache-key-prefix", KEY_PREFIX, *FIRST_SIGHT)
+    other = LmClient.start(
+        tiny_lm("llama").onnx_dir, "llama", prefix_log_dir, *flags, "--cache-key-file", str(key_file)
+    )
+    try:
+        logits, cached = other.prefill_once(ids, prefix_blocks(other.fingerprint, ids))
+    finally:
+        other.stop()
+    assert cached == 0  # signed with another key: every block is a miss
+    assert np.abs(logits - cold).max() <= 1e-4
+
+
+def test_a_forged_block_is_a_miss_and_is_replaced(redis_lm, redis_client, tiny_lm):
+    """A well-formed block (right header, size and hash) written by someone without the cache key."""
+    from muestra.lm.prefix_cache import BlockFormat
+    from muestra.runtime.cache_mac import CacheMac
+
+    lm = redis_lm("llama")
+    ids = random_prompt(3 * BLOCK + 2, seed=52)
+    cold = _write_blocks(lm, redis_client, ids)
+    keys = block_keys(lm.fingerprint, ids)
+    info = lm.stub.Describe(lm_pb2.DescribeModelRequest())
+    attacker = BlockFormat(
+        lm.fingerprint, info.kv.num_layers, info.kv.num_kv_heads, info.kv.head_dim, np.float32, CacheMac("guess", "t")
+    )
+    zeros = [np.zeros((info.kv.num_kv_heads, BLOCK, info.kv.head_dim), np.float32)] * (2 * info.kv.num_layers)
+    forged = bytes(attacker.encode(zeros, 0, BLOCK, block_hashes(lm.fingerprint, ids, BLOCK)[0]))
+    assert len(forged) == len(redis_client.get(keys[0]))
+    redis_client.set(keys[0], forged, ex=3600)
+    logits, cached = lm.prefill_once(ids, prefix_blocks(lm.fingerprint, ids))
+    assert cached == 0 and np.abs(logits - cold).max() <= 1e-4
+    wait_until(lambda: redis_client.get(keys[0]) != forged, what="the forged block rewritten")
+    logits, cached = lm.prefill_once(ids, prefix_blocks(lm.fingerprint, ids))
+    assert cached == 3 * BLOCK and np.abs(logits - cold).max() <= 1e-4
+
+
 def test_a_restarted_lm_hits_blocks_written_before_the_restart(tiny_lm, redis_server, redis_client, prefix_log_dir):
     flags = ("--redis-url", redis_server.url, "--prefix-cache-key-prefix", KEY_PREFIX, *FIRST_SIGHT)
     lm = LmClient.start(tiny_lm("llama").onnx_dir, "llama", prefix_log_dir, *flags)

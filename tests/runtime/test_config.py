@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from muestra.runtime import ServiceConfig, load_config
+from muestra.runtime.config import secret
 
 
 @dataclasses.dataclass
@@ -30,3 +31,32 @@ def test_bad_env_value_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         load_config(ExampleConfig, "example", [], env={"MUESTRA_EXAMPLE_MAX_ROWS": "many"})
     assert "MUESTRA_EXAMPLE_MAX_ROWS" in capsys.readouterr().err
+
+
+@dataclasses.dataclass
+class SecretConfig(ServiceConfig):
+    api_keys: str = secret("", "keys")
+
+
+def test_a_secret_comes_from_a_file_named_by_flag_or_env(tmp_path, capsys):
+    path = tmp_path / "keys"
+    path.write_text("sk-one,sk-two\n")
+    assert load_config(SecretConfig, "example", ["--api-keys-file", str(path)], env={}).api_keys == "sk-one,sk-two"
+    env = {"MUESTRA_EXAMPLE_API_KEYS_FILE": str(path)}
+    assert load_config(SecretConfig, "example", [], env=env).api_keys == "sk-one,sk-two"
+    assert load_config(SecretConfig, "example", [], env={"MUESTRA_API_KEYS": "sk-env"}).api_keys == "sk-env"
+    env = {"MUESTRA_INTERNAL_TOKEN_FILE": str(path)}
+    assert load_config(SecretConfig, "example", [], env=env).internal_token == "sk-one,sk-two"
+    assert capsys.readouterr().err == ""  # none of these is on a command line
+
+
+def test_a_secret_on_the_command_line_works_with_a_warning(capsys):
+    assert load_config(SecretConfig, "example", ["--api-keys", "sk-x"], env={}).api_keys == "sk-x"
+    err = capsys.readouterr().err
+    assert "--api-keys on the command line is visible" in err and "sk-x" not in err
+
+
+def test_a_missing_secret_file_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        load_config(SecretConfig, "example", [], env={"MUESTRA_API_KEYS_FILE": str(tmp_path / "nope")})
+    assert "MUESTRA_API_KEYS_FILE: cannot read" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from muestra.runtime import ServiceConfig
+from muestra.runtime.config import secret
 
 
 @dataclasses.dataclass
@@ -43,6 +44,12 @@ class DiffusionConfig(ServiceConfig):
     )
     redis_url: str = dataclasses.field(
         default="", metadata={"help": "Redis for the text-embedding cache, e.g. redis://127.0.0.1:6379/0 (empty: off)"}
+    )
+    redis_password: str = secret("", "Redis password, unless the URL holds one")
+    cache_key: str = secret(
+        "",
+        "secret that keys the MAC on cached text embeddings; replicas sharing a Redis need the same one "
+        "(empty: a random key per process)",
     )
     text_embedding_ttl_s: int = dataclasses.field(
         default=7 * 24 * 3600, metadata={"help": "seconds a cached text embedding lives in Redis (0: no TTL)"}

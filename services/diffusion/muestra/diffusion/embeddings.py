@@ -2,9 +2,10 @@
 
 A key hashes a model fingerprint (the text encoder's weight files, its dtype and device type) with the
 prompt's token ids, so equal prompts give equal keys on every replica and after every restart. A value is a
-one-line JSON header (format version, dtype, shape, SHA-256 of the payload) followed by the tensor's raw
-bytes; never pickle. A corrupt or foreign entry is a miss. Redis being down or slow makes every lookup a miss,
-logged and counted; no request fails because of the cache. Eviction is Redis's own (maxmemory + LRU, TTLs).
+one-line JSON header (format version, dtype, shape) followed by the tensor's raw bytes, then a keyed MAC
+(muestra.runtime.cache_mac) over both; never pickle. A corrupt, foreign or forged entry is a miss. Redis
+being down or slow makes every lookup a miss, logged and counted; no request fails because of the cache.
+Eviction is Redis's own (maxmemory + LRU, TTLs).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import numpy as np
 import torch
 from prometheus_client import Counter
 
+from muestra.runtime.cache_mac import MAC_BYTES, CacheMac
+
 log = logging.getLogger("muestra.diffusion.embeddings")
 
-FORMAT_VERSION = 1
-KEY_PREFIX = "muestra:diffusion:text-embedding:v1:"
+FORMAT_VERSION = 2  # 2: a keyed MAC where version 1 had an unkeyed SHA-256
+KEY_PREFIX = "muestra:diffusion:text-embedding:v2:"
 QUERIES = Counter("muestra_diffusion_text_embedding_cache_queries_total", "Text-embedding cache lookups")
 HITS = Counter("muestra_diffusion_text_embedding_cache_hits_total", "Text-embedding cache lookups that hit")
 ERRORS = Counter(
@@ -57,26 +60,25 @@ def embedding_key(fingerprint: bytes, token_ids: list[int]) -> str:
     return KEY_PREFIX + hashlib.sha256(fingerprint + ids).hexdigest()
 
 
-def encode_entry(embeddings: torch.Tensor) -> bytes:
+def encode_entry(embeddings: torch.Tensor, mac: CacheMac) -> bytes:
     array = embeddings.detach().to("cpu").contiguous()
     payload = array.reshape(-1).view(torch.uint8).numpy().tobytes()
-    header = {
-        "v": FORMAT_VERSION,
-        "dtype": str(array.dtype).removeprefix("torch."),
-        "shape": list(array.shape),
-        "sha256": hashlib.sha256(payload).hexdigest(),
-    }
-    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+    header = {"v": FORMAT_VERSION, "dtype": str(array.dtype).removeprefix("torch."), "shape": list(array.shape)}
+    body = json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+    return body + mac.sign(body)
 
 
-def decode_entry(blob: bytes) -> torch.Tensor | None:
-    """The tensor in `blob`, or None when the entry is corrupt or in a format this code does not know."""
+def decode_entry(blob: bytes, mac: CacheMac) -> torch.Tensor | None:
+    """The tensor in `blob`, or None when the entry is corrupt, forged or in a format this code does not know."""
     try:
-        head, _, payload = blob.partition(b"\n")
+        body, signature = blob[:-MAC_BYTES], blob[-MAC_BYTES:]
+        if len(blob) <= MAC_BYTES or not mac.verify(signature, body):
+            return None
+        head, _, payload = body.partition(b"\n")
         header = json.loads(head)
         dtype = _DTYPES[header["dtype"]]
         shape = [int(n) for n in header["shape"]]
-        if header["v"] != FORMAT_VERSION or hashlib.sha256(payload).hexdigest() != header["sha256"]:
+        if header["v"] != FORMAT_VERSION:
             return None
         raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         return raw.view(dtype).reshape(shape).clone()
@@ -87,10 +89,14 @@ def decode_entry(blob: bytes) -> torch.Tensor | None:
 class RedisTextEmbeddingCache:
     """TextEmbeddingCache on Redis, with short timeouts; failures are misses."""
 
-    def __init__(self, url: str, ttl_s: int, timeout_s: float = 0.25) -> None:
+    def __init__(self, url: str, ttl_s: int, mac: CacheMac, timeout_s: float = 0.25, password: str = "") -> None:
         import redis
 
-        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self.mac = mac
+        self.client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            **({"password": password} if password else {}),
+        )  # fmt: skip
         self.ttl_s = ttl_s
         self._last_error_log = 0.0
 
@@ -111,7 +117,7 @@ class RedisTextEmbeddingCache:
             return None
         if blob is None:
             return None
-        embeddings = decode_entry(blob)
+        embeddings = decode_entry(blob, self.mac)
         if embeddings is None:
             CORRUPT.inc()
             return None
@@ -122,6 +128,6 @@ class RedisTextEmbeddingCache:
         import redis
 
         try:
-            self.client.set(key, encode_entry(embeddings), ex=self.ttl_s if self.ttl_s > 0 else None)
+            self.client.set(key, encode_entry(embeddings, self.mac), ex=self.ttl_s if self.ttl_s > 0 else None)
         except redis.RedisError as exc:
             self._failed("write", exc)

@@ -15,6 +15,7 @@ from muestra.diffusion.params import Defaults, Limits, parse_image_request
 from muestra.diffusion.registry import SchedulerRegistry, load_scheduler_registry
 from muestra.diffusion.worker import Finished, GenerationWorker
 from muestra.runtime import ServiceSpec
+from muestra.runtime.cache_mac import CacheMac
 from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc
 
 log = logging.getLogger("muestra.diffusion")
@@ -141,7 +142,11 @@ def build_service(config: DiffusionConfig) -> ServiceSpec:
     """Load the model and the scheduler plugins, and describe the service to the runtime."""
     engine = DiffusionEngine.load(config.model, config.model_name, config.device, config.dtype)
     if config.redis_url:
-        engine.use_embedding_cache(RedisTextEmbeddingCache(config.redis_url, config.text_embedding_ttl_s), config.model)
+        cache = RedisTextEmbeddingCache(
+            config.redis_url, config.text_embedding_ttl_s, CacheMac(config.cache_key, "text-embedding cache"),
+            password=config.redis_password,
+        )  # fmt: skip
+        engine.use_embedding_cache(cache, config.model)
     registry = load_scheduler_registry()
     registry.keep_buildable(engine.base_scheduler_config)
     servicer = DiffusionServicer(engine, registry, config)

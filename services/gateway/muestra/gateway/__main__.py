@@ -7,7 +7,6 @@ import asyncio
 import logging
 import time
 
-from muestra.gateway.auth import ApiKeyInterceptor
 from muestra.gateway.config import GatewayConfig
 from muestra.gateway.models import ModelRegistry
 from muestra.gateway.sampling import SamplerRegistry
@@ -72,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
             name="gateway",
             register=register,
             close=close,
-            interceptors=[ApiKeyInterceptor(keys)],
+            tokens=keys,
+            token_name="API key",
             health_probe=health_problem,
             drain=drain,
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from muestra.runtime import ServiceConfig
+from muestra.runtime.config import secret
 
 
 def _f(default, help_text: str):
@@ -21,7 +22,9 @@ class GatewayConfig(ServiceConfig):
     )
     diffusion_addr: str = _f("", "diffusion service address (empty: no image model)")
     models_config: str = _f("", "JSON file mapping model names to endpoints (several models)")
-    api_keys: str = _f("", "comma-separated API keys; when set, every RPC but health needs one")
+    api_keys: str = secret(
+        "", "comma-separated API keys; when set, every RPC, HTTP route and /metrics but health needs one"
+    )
     max_queue: int = _f(256, "requests waiting for admission per lm replica before RESOURCE_EXHAUSTED")
     max_batch_rows: int = _f(32, "rows the gateway keeps in one lm replica's running batch")
     max_prompt_bytes: int = _f(256 * 1024, "longest prompt (or all chat messages together), in UTF-8 bytes")
@@ -50,6 +53,7 @@ class GatewayConfig(ServiceConfig):
         "what it waits for (0: off)",
     )
     redis_url: str = _f("", "Redis URL for the prompt-prefix KV cache (empty: in-process cache)")
+    redis_password: str = secret("", "Redis password, unless the URL holds one")
     redis_timeout_s: float = _f(0.25, "Redis connect and socket timeout for prefix lookups; slower is a miss")
     prefix_cache_block_size: int = _f(32, "tokens per prefix-cache block (0: no prefix cache)")
     prefix_cache_key_prefix: str = _f("muestra:kv:", "prefix of the cache's Redis keys (the lm's must match)")

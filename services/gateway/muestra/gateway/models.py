@@ -12,9 +12,10 @@ from pathlib import Path
 
 import grpc
 
-from muestra.gateway.prefix import LookupHealth, PrefixLookup, open_redis, without_password
+from muestra.gateway.prefix import LookupHealth, PrefixLookup, open_redis
 from muestra.runtime.channels import service_channel
 from muestra.runtime.errors import NotFound
+from muestra.runtime.logs import without_password
 from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc, lm_pb2, lm_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 
 log = logging.getLogger("muestra.gateway.models")
@@ -116,19 +117,21 @@ class ModelRegistry:
         self.default_image = ""
         self._channels: list[grpc.aio.Channel] = []
         self._redis = None
+        self.internal_token = ""
 
     def _channel(self, address: str, max_message_bytes: int) -> grpc.aio.Channel:
-        channel = service_channel(address, max_message_bytes)
+        channel = service_channel(address, max_message_bytes, self.internal_token)
         self._channels.append(channel)
         return channel
 
     async def connect(self, config) -> None:
         """Describe every endpoint (waiting up to startup_timeout_s for each) and name the models."""
         deadline = asyncio.get_running_loop().time() + config.startup_timeout_s
+        self.internal_token = config.internal_token
         text_spec, image_spec = _endpoints_from_config(config)
         prefix_health = None
         if config.prefix_cache_block_size > 0 and config.redis_url:
-            self._redis = open_redis(config.redis_url, config.redis_timeout_s)
+            self._redis = open_redis(config.redis_url, config.redis_timeout_s, config.redis_password)
             prefix_health = LookupHealth(f"Redis at {without_password(config.redis_url)}")
         for name, spec in text_spec.items():
             tokenizer = tokenizer_pb2_grpc.TokenizerStub(self._channel(spec["tokenizer"], config.max_message_bytes))

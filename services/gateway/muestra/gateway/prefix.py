@@ -147,21 +147,13 @@ class PrefixLookup:
         HITS.labels(self.model).inc(cached_tokens)
 
 
-def open_redis(url: str, timeout_s: float):
+def open_redis(url: str, timeout_s: float, password: str = ""):
     """An asyncio Redis client with short timeouts and no client-side retries."""
     import redis.asyncio
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
     return redis.asyncio.Redis.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
-    )
-
-
-def without_password(url: str) -> str:
-    """The URL as it may be logged: any password is replaced by ***."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
+        **({"password": password} if password else {}),
+    )  # fmt: skip

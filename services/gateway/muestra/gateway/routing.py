@@ -136,7 +136,7 @@ class Router:
             for address in expand_target(target):
                 if address in self.schedulers:
                     continue
-                channel = service_channel(address, self.config.max_message_bytes)
+                channel = service_channel(address, self.config.max_message_bytes, self.config.internal_token)
                 stub = lm_pb2_grpc.LanguageModelStub(channel)
                 try:
                     info = await stub.Describe(lm_pb2.DescribeModelRequest(), timeout=self.config.health_timeout_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from muestra.runtime import ServiceConfig
+from muestra.runtime.config import secret
 
 
 @dataclasses.dataclass
@@ -35,6 +36,12 @@ class LmConfig(ServiceConfig):
     )
     redis_url: str = dataclasses.field(
         default="", metadata={"help": "Redis for the prefix cache: redis://, rediss:// (TLS), with a password or not"}
+    )
+    redis_password: str = secret("", "Redis password, unless the URL holds one")
+    cache_key: str = secret(
+        "",
+        "secret that keys the MAC on prefix-cache blocks; replicas sharing a Redis need the same one "
+        "(empty: a random key per process)",
     )
     redis_timeout_s: float = dataclasses.field(
         default=0.5, metadata={"help": "Redis connect and socket timeout; slower calls are misses"}

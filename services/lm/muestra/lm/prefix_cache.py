@@ -8,8 +8,9 @@ The gateway computes the chain (and finds how many leading blocks are stored); t
 against the prompt and reads the blocks with one MGET.
 
 Values. A fixed little-endian header (`_HEADER`) then the block's KV: every past input of the model
-(layer 0 key, layer 0 value, layer 1 key, ...) as [kv_heads, block_size, head_dim] in the KV dtype. A
-block whose header, size, checksum or fingerprint does not match is corrupt or foreign: it and every
+(layer 0 key, layer 0 value, layer 1 key, ...) as [kv_heads, block_size, head_dim] in the KV dtype. The
+header holds a keyed MAC (muestra.runtime.cache_mac) over the rest of the header and the payload. A
+block whose header, size, MAC or fingerprint does not match is corrupt, foreign or forged: it and every
 block after it are a miss, and it is overwritten with the freshly computed KV.
 
 Writes of a prompt's new blocks run on a low-priority thread after the Prefill response has gone out.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import hmac
 import logging
 import os
 import struct
@@ -29,20 +31,23 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import xxhash
 from prometheus_client import Counter, Histogram
 
 from muestra.lm.prefix_store import MemoryBlockStore, RedisBlockStore
+from muestra.runtime.cache_mac import MAC_BYTES, CacheMac
 from muestra.runtime.errors import InvalidArgument
 from muestra.runtime.prefix_hash import block_hashes
 
 log = logging.getLogger("muestra.lm.prefix_cache")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a keyed MAC where version 1 had an unkeyed xxh3 checksum
 MAGIC = b"MKV\x01"
 # magic, version, dtype code, 0, layers, kv heads, head dim, block tokens, payload bytes,
-# xxh3-128 of the payload, blake2b-128 of the fingerprint, the block's hash.
+# the MAC, blake2b-128 of the fingerprint, the block's hash.
 _HEADER = struct.Struct("<4sHBBIIIIQ16s16s16s")
+# The MAC covers the header around it and the payload.
+_MAC_AT = struct.calcsize("<4sHBBIIIIQ")
+_MAC_END = _MAC_AT + MAC_BYTES
 _DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2}
 # Writes waiting for the writer thread beyond this are dropped (each holds a prompt's KV alive).
 MAX_PENDING_WRITES = 16
@@ -96,7 +101,10 @@ class PrefixPlan:
 class BlockFormat:
     """Header and payload of one block of one model's KV."""
 
-    def __init__(self, fingerprint: str, num_layers: int, num_kv_heads: int, head_dim: int, dtype: np.dtype) -> None:
+    def __init__(
+        self, fingerprint: str, num_layers: int, num_kv_heads: int, head_dim: int, dtype: np.dtype, mac: CacheMac
+    ) -> None:
+        self.mac = mac
         self.fingerprint_digest = hashlib.blake2b(fingerprint.encode(), digest_size=16).digest()
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.num_tensors = 2 * num_layers
@@ -115,14 +123,19 @@ class BlockFormat:
         )
         for t, array in enumerate(arrays):
             payload[t] = array[:, start : start + block_size]
-        checksum = xxhash.xxh3_128_digest(memoryview(value)[_HEADER.size :])
         _HEADER.pack_into(
             value, 0, MAGIC, FORMAT_VERSION, self.dtype_code, 0, self.num_layers, self.num_kv_heads,
-            self.head_dim, block_size, size, checksum, self.fingerprint_digest, block_hash[:16].ljust(16, b"\0"),
+            self.head_dim, block_size, size, bytes(MAC_BYTES), self.fingerprint_digest,
+            block_hash[:16].ljust(16, b"\0"),
         )  # fmt: skip
+        value[_MAC_AT:_MAC_END] = self._mac_of(value)
         return value
 
-    def decode(self, value, block_size: int, block_hash: bytes, verify_checksum: bool) -> np.ndarray | None:
+    def _mac_of(self, value) -> bytes:
+        view = memoryview(value)
+        return self.mac.sign(view[:_MAC_AT], view[_MAC_END:])
+
+    def decode(self, value, block_size: int, block_hash: bytes, verify_mac: bool) -> np.ndarray | None:
         """The block as [tensors, kv_heads, block_size, head_dim] (a view on `value`), or None if it is not ours."""
         size = self.payload_bytes(block_size)
         if len(value) != _HEADER.size + size:
@@ -136,7 +149,7 @@ class BlockFormat:
             return None
         if fields[11] != block_hash[:16].ljust(16, b"\0"):
             return None
-        if verify_checksum and xxhash.xxh3_128_digest(memoryview(value)[_HEADER.size :]) != fields[9]:
+        if verify_mac and not hmac.compare_digest(self._mac_of(value), fields[9]):
             return None
         return np.frombuffer(value, dtype=self.dtype, offset=_HEADER.size).reshape(
             self.num_tensors, self.num_kv_heads, block_size, self.head_dim
@@ -214,14 +227,14 @@ class PrefixCache:
         for i, value in enumerate(values):
             if value is None:
                 break
-            block = self.format.decode(value, size, hashes[i], self.store.verify_checksums)
+            block = self.format.decode(value, size, hashes[i], self.store.verify_macs)
             if block is None:
                 corrupt.add(i)
                 break
             blocks.append(block)
         # Blocks after the first missing or bad one are of no use (their past is not here), but need
         # no write when they are present and sound.
-        verify = self.store.verify_checksums
+        verify = self.store.verify_macs
         for i in range(len(blocks) + 1, len(values)):
             if values[i] is not None and self.format.decode(values[i], size, hashes[i], verify) is None:
                 corrupt.add(i)
@@ -304,10 +317,14 @@ def open_prefix_cache(config, info) -> PrefixCache | None:
         log.info("prefix cache: off")
         return None
     if config.redis_url:
-        store = RedisBlockStore(config.redis_url, config.prefix_cache_ttl_s, config.redis_timeout_s)
+        store = RedisBlockStore(
+            config.redis_url, config.prefix_cache_ttl_s, config.redis_timeout_s, config.redis_password
+        )
+        mac = CacheMac(config.cache_key, "prefix cache")
     else:
         store = MemoryBlockStore(config.prefix_cache_memory_bytes, config.prefix_cache_ttl_s)
-    block_format = BlockFormat(info.fingerprint, info.num_layers, info.num_kv_heads, info.head_dim, info.kv_dtype)
+        mac = CacheMac(config.cache_key or "in-process", "prefix cache")  # blocks never leave the process
+    block_format = BlockFormat(info.fingerprint, info.num_layers, info.num_kv_heads, info.head_dim, info.kv_dtype, mac)
     log.info(
         "prefix cache: %s, keys %s<hash>, a block stored once seen in %d prompt(s)",
         store.describe(), config.prefix_cache_key_prefix, max(config.prefix_cache_min_sightings, 1),

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from muestra.runtime.logs import without_password
+
 log = logging.getLogger("muestra.lm.prefix_cache")
 
 # One value to store: (key, bytes-like value, overwrite). Without overwrite, an existing key is kept.
@@ -108,10 +110,10 @@ class RedisBlockStore:
     """Blocks in Redis: one MGET per read, one pipelined SET [NX] EX per write; failures are misses."""
 
     backend = "redis"
-    # Bytes that crossed a network may be damaged or foreign: check every block's checksum.
-    verify_checksums = True
+    # Bytes that crossed a network may be damaged, foreign or forged: check every block's MAC.
+    verify_macs = True
 
-    def __init__(self, url: str, ttl_s: int, timeout_s: float) -> None:
+    def __init__(self, url: str, ttl_s: int, timeout_s: float, password: str = "") -> None:
         import redis
         from redis.backoff import NoBackoff
         from redis.connection import PythonRespSerializer
@@ -127,10 +129,12 @@ class RedisBlockStore:
             # hiredis still parses replies, but its command packer would copy every value into one buffer
             # (~50 ms of CPU per 64 MiB written); redis-py's own sends large values as they are.
             command_packer=PythonRespSerializer(6000, _encode),
+            # A password in the URL wins; otherwise the one from the settings (kept off command lines).
+            **({"password": password} if password else {}),
         )
         self.client = redis.Redis(connection_pool=pool)
         self.ttl_s = ttl_s
-        self.health = CacheHealth(f"Redis at {_without_password(url)}")
+        self.health = CacheHealth(f"Redis at {without_password(url)}")
 
     def describe(self) -> str:
         return f"{self.health.what} (TTL {self.ttl_s} s)"
@@ -176,7 +180,7 @@ class MemoryBlockStore:
     """The embedded default: blocks in this process, least recently used dropped beyond `max_bytes`."""
 
     backend = "memory"
-    verify_checksums = False
+    verify_macs = False
 
     def __init__(self, max_bytes: int, ttl_s: int) -> None:
         self.max_bytes = max_bytes
@@ -244,12 +248,3 @@ def _encode(value) -> bytes | bytearray | memoryview:
 
 def _nbytes(value) -> int:
     return value.nbytes if isinstance(value, memoryview) else len(value)
-
-
-def _without_password(url: str) -> str:
-    """The URL as it may be logged: any password is replaced by ***."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"

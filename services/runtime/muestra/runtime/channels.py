@@ -1,4 +1,4 @@
-"""Client channels between services: they carry the current request id in metadata."""
+"""Client channels between services: they carry the current request id, and the internal token, in metadata."""
 
 from __future__ import annotations
 
@@ -10,32 +10,54 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from muestra.runtime.logs import REQUEST_ID_HEADER, request_id_var
 
 
-def _with_request_id(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+def _with_metadata(details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.ClientCallDetails:
     request_id = request_id_var.get()
     pairs = list(details.metadata or ())
-    if request_id == "-" or any(key == REQUEST_ID_HEADER for key, _ in pairs):
-        return details
-    pairs.append((REQUEST_ID_HEADER, request_id))
-    return details._replace(metadata=grpc.aio.Metadata(*pairs))
+    added = False
+    if request_id != "-" and not any(key == REQUEST_ID_HEADER for key, _ in pairs):
+        pairs.append((REQUEST_ID_HEADER, request_id))
+        added = True
+    if token and not any(key == "authorization" for key, _ in pairs):
+        pairs.append(("authorization", f"Bearer {token}"))
+        added = True
+    return details._replace(metadata=grpc.aio.Metadata(*pairs)) if added else details
 
 
-class _RequestIdInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
+class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.token = token
+
     async def intercept_unary_unary(self, continuation, details, request):
-        return await continuation(_with_request_id(details), request)
+        return await continuation(_with_metadata(details, self.token), request)
+
+
+class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.token = token
 
     async def intercept_unary_stream(self, continuation, details, request):
-        return await continuation(_with_request_id(details), request)
+        return await continuation(_with_metadata(details, self.token), request)
+
+
+class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.token = token
 
     async def intercept_stream_unary(self, continuation, details, request_iterator):
-        return await continuation(_with_request_id(details), request_iterator)
+        return await continuation(_with_metadata(details, self.token), request_iterator)
+
+
+class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.token = token
 
     async def intercept_stream_stream(self, continuation, details, request_iterator):
-        return await continuation(_with_request_id(details), request_iterator)
+        return await continuation(_with_metadata(details, self.token), request_iterator)
+
+
+def metadata_interceptors(token: str = "") -> list:
+    """One interceptor per call kind: grpc.aio files each interceptor under the first kind it implements."""
+    return [_UnaryUnary(token), _UnaryStream(token), _StreamUnary(token), _StreamStream(token)]
 
 
 def channel_options(max_message_bytes: int = 64 * 1024 * 1024) -> list[tuple[str, int]]:
@@ -53,12 +75,13 @@ RECONNECT_OPTIONS = [
 ]
 
 
-def service_channel(target: str, max_message_bytes: int = 64 * 1024 * 1024) -> grpc.aio.Channel:
-    """An insecure asyncio channel to another muestra service that forwards the request id."""
+def service_channel(target: str, max_message_bytes: int = 64 * 1024 * 1024, token: str = "") -> grpc.aio.Channel:
+    """An insecure asyncio channel to another muestra service that forwards the request id (and sends
+    `token`, the internal token, when one is configured)."""
     return grpc.aio.insecure_channel(
         target,
         options=[*channel_options(max_message_bytes), *RECONNECT_OPTIONS],
-        interceptors=[_RequestIdInterceptor()],
+        interceptors=metadata_interceptors(token),
     )
 
 

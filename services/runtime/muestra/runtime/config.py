@@ -2,6 +2,11 @@
 
 A field `max_text_bytes` of the tokenizer service is set by `--max-text-bytes`, else by
 `MUESTRA_TOKENIZER_MAX_TEXT_BYTES`, else by `MUESTRA_MAX_TEXT_BYTES`, else by its default.
+
+Secrets (fields marked `secret`: API keys, the internal token, the cache key, the Redis password) may
+also come from a file, as Docker and Kubernetes secrets are mounted: `--api-keys-file PATH`, or
+`MUESTRA_GATEWAY_API_KEYS_FILE` / `MUESTRA_API_KEYS_FILE`. One given as a flag is accepted with a
+warning: every user of the machine can read a command line (`ps`).
 """
 
 from __future__ import annotations
@@ -9,7 +14,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import typing
+from pathlib import Path
 from typing import Any, TypeVar
 
 C = TypeVar("C", bound="ServiceConfig")
@@ -31,6 +38,26 @@ class ServiceConfig:
     max_message_bytes: int = dataclasses.field(
         default=64 * 1024 * 1024, metadata={"help": "largest gRPC message accepted or sent"}
     )
+    internal_token: str = dataclasses.field(
+        default="",
+        metadata={
+            "help": "secret shared by the services of one deployment: the tokenizer, lm and diffusion services "
+            "require it from callers, and the gateway sends it (empty: no authentication between services)",
+            "secret": True,
+        },
+    )
+
+
+def secret(default, help_text: str):
+    """A config field holding a secret (also read from --<name>-file or MUESTRA_<NAME>_FILE)."""
+    return dataclasses.field(default=default, metadata={"help": help_text, "secret": True})
+
+
+def _read_secret(path: str, name: str, parser: argparse.ArgumentParser) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        parser.error(f"{name}: cannot read {path}: {exc.strerror or exc}")
 
 
 def _parse_bool(text: str) -> bool:
@@ -64,15 +91,37 @@ def load_config(cls: type[C], service: str, argv: list[str] | None = None, env: 
         help_text = field.metadata.get("help", "")
         env_names = f"MUESTRA_{service.upper()}_{field.name.upper()}, MUESTRA_{field.name.upper()}"
         parser.add_argument(flag, dest=field.name, type=convert, default=None, help=f"{help_text} [{env_names}]")
+        if field.metadata.get("secret"):
+            parser.add_argument(
+                flag + "-file", dest=field.name + "_file", default=None,
+                help=f"file holding {field.name} [{env_names.replace(',', '_FILE,')}_FILE]",
+            )  # fmt: skip
     parsed = vars(parser.parse_args(argv))
     values = {}
     for field in dataclasses.fields(cls):
         convert = _converter(hints[field.name])
+        is_secret = field.metadata.get("secret", False)
         if parsed[field.name] is not None:
             values[field.name] = parsed[field.name]
+            if is_secret and parsed[field.name]:
+                flag = "--" + field.name.replace("_", "-")
+                print(
+                    f"muestra-{service}: warning: {flag} on the command line is visible to every user of this "
+                    f"machine; use MUESTRA_{field.name.upper()} or {flag}-file",
+                    file=sys.stderr,
+                )
             continue
-        for name in (f"MUESTRA_{service.upper()}_{field.name.upper()}", f"MUESTRA_{field.name.upper()}"):
+        if is_secret and parsed.get(field.name + "_file"):
+            values[field.name] = _read_secret(parsed[field.name + "_file"], field.name, parser)
+            continue
+        names = (f"MUESTRA_{service.upper()}_{field.name.upper()}", f"MUESTRA_{field.name.upper()}")
+        if is_secret:
+            names = tuple(n for name in names for n in (name, name + "_FILE"))
+        for name in names:
             if name in env:
+                if name.endswith("_FILE") and is_secret:
+                    values[field.name] = _read_secret(env[name], name, parser)
+                    break
                 try:
                     values[field.name] = convert(env[name])
                 except ValueError as exc:

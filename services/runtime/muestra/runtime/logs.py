@@ -51,3 +51,12 @@ def request_id_from_metadata(metadata) -> str | None:
         if key == REQUEST_ID_HEADER:
             return valid_request_id(value)
     return None
+
+
+def without_password(url: str) -> str:
+    """A URL as it may be logged: any password is replaced by ***."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"

@@ -13,12 +13,13 @@ from collections.abc import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
+from muestra.runtime.auth import BearerTokenInterceptor
 from muestra.runtime.channels import channel_options
 from muestra.runtime.config import ServiceConfig
 from muestra.runtime.interceptor import ErrorMappingInterceptor
 from muestra.runtime.logs import configure_logging
+from muestra.runtime.metrics_http import start_metrics_server
 from muestra.runtime.step_streams import draining, reset_draining
 
 log = logging.getLogger("muestra.runtime")
@@ -43,6 +44,10 @@ class ServiceSpec:
     # Started when the service begins to stop, with the grace period; awaited once the server has
     # stopped. It runs while in-flight calls drain (the gateway ends its HTTP API and open streams there).
     drain: Callable[[float], Awaitable[None]] | None = None
+    # Bearer tokens every RPC but health (and /metrics) needs; None: the internal token, when configured
+    # (the tokenizer, lm and diffusion services). The gateway gives its API keys.
+    tokens: list[str] | None = None
+    token_name: str = "internal token"
 
 
 HEALTH_PROBE_S = 1.0
@@ -53,9 +58,14 @@ PROBLEM_LOG_S = 30.0
 async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT, then let in-flight requests finish within the grace period."""
     reset_draining()
+    tokens = spec.tokens if spec.tokens is not None else [config.internal_token]
+    placeholder = "key" if spec.token_name == "API key" else "token"
     server = grpc.aio.server(
-        interceptors=[ErrorMappingInterceptor(), *spec.interceptors], options=channel_options(config.max_message_bytes)
-    )
+        interceptors=[
+            ErrorMappingInterceptor(), BearerTokenInterceptor(tokens, spec.token_name, placeholder), *spec.interceptors
+        ],
+        options=channel_options(config.max_message_bytes),
+    )  # fmt: skip
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = await spec.register(server)
@@ -64,8 +74,9 @@ async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event
     if port == 0:
         raise SystemExit(f"cannot bind {config.host}:{config.port}")
     if config.metrics_port >= 0:
-        httpd, _ = start_http_server(config.metrics_port, addr=config.host)
-        log.info("metrics on http://%s:%d/metrics", config.host, httpd.server_port)
+        metrics_port = start_metrics_server(config.host, config.metrics_port, tokens)
+        needs = f" ({spec.token_name} required)" if any(tokens) else ""
+        log.info("metrics on http://%s:%d/metrics%s", config.host, metrics_port, needs)
     await server.start()
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

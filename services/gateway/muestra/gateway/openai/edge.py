@@ -7,8 +7,8 @@ import time
 
 from prometheus_client import Counter, Histogram
 
-from muestra.gateway.auth import key_is_valid
 from muestra.gateway.openai.errors import OpenAIError, unauthorized
+from muestra.runtime.auth import bearer_value, token_is_valid
 from muestra.runtime.logs import REQUEST_ID_HEADER, new_request_id, request_id_var, valid_request_id
 
 log = logging.getLogger("muestra.requests")
@@ -56,10 +56,10 @@ class Edge:
 
     def _refuse(self, scope, headers: dict[bytes, bytes]) -> OpenAIError | None:
         if self.keys and scope["path"] not in OPEN_PATHS:
-            value = headers.get(b"authorization", b"").decode("latin-1")
-            if not value.startswith("Bearer "):
+            token = bearer_value(headers.get(b"authorization", b"").decode("latin-1"))
+            if token is None:
                 return unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
-            if not key_is_valid(value[len("Bearer ") :].strip(), self.keys):
+            if not token_is_valid(token, self.keys):
                 return unauthorized("invalid API key")
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:

@@ -66,11 +66,26 @@ def test_up_serves_the_default_models_and_stops_cleanly_on_ctrl_c(tmp_path):
     try:
         assert {"tokenizer", "lm", "gateway"} <= set(services), "\n".join(lines)
         tokenizer_addr = services["tokenizer"][0]
+        # The internal services require the token muestra up made; the CLI reads it from the file it names.
+        token_file = tmp_path / "logs" / "internal_token"
+        assert token_file.stat().st_mode & 0o077 == 0
+        refused = subprocess.run(
+            [*MUESTRA, "tokenize", "El cielo es azul", "--tokenizer", tokenizer_addr, "--json"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "MUESTRA_INTERNAL_TOKEN": ""},
+        )  # fmt: skip
+        assert "UNAUTHENTICATED" in refused.stdout, refused.stdout + refused.stderr
         out = subprocess.run(
             [*MUESTRA, "tokenize", "El cielo es azul", "--tokenizer", tokenizer_addr, "--json"],
             capture_output=True, text=True, timeout=60, check=True,
+            env={**os.environ, "MUESTRA_INTERNAL_TOKEN_FILE": str(token_file)},
         ).stdout  # fmt: skip
         assert '"ids"' in out and '"tokens"' in out
+        # No secret is on any command line of the stack (ps shows them to every user).
+        secrets = [token_file.read_text().strip()]
+        for name, (_, pid) in services.items():
+            if pid:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                assert not any(secret in cmdline for secret in secrets), name
         gen = subprocess.run(
             [*MUESTRA, "generate", "El cielo es", "--max-tokens", "12", "--temperature", "0.7", "--top-p", "0.9",
              "--seed", "1", "--json", "--gateway", services["gateway"][0]],
@@ -87,7 +102,7 @@ def test_up_serves_the_default_models_and_stops_cleanly_on_ctrl_c(tmp_path):
             )  # fmt: skip
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         if shutil.which("redis-server"):
-            assert any("redis-server on" in line for line in lines)
+            assert any("redis-server on" in line and "password required" in line for line in lines)
     finally:
         proc.send_signal(signal.SIGINT)
         rest = finish(proc)

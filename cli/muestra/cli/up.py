@@ -3,6 +3,12 @@
 It starts redis-server on a free port when one is installed and MUESTRA_REDIS_URL is unset,
 waits for every service's gRPC health check, prints the endpoints, and stops everything on
 Ctrl-C. If a service dies, it shows that service's last log lines and stops the rest.
+
+Secrets are made fresh for each run, unless the environment gives them: the internal token the
+services require from each other (MUESTRA_INTERNAL_TOKEN), the key of the cache blocks' MAC
+(MUESTRA_CACHE_KEY) and a Redis password. They reach the children through their environment and
+Redis through its standard input, never a command line; the internal token is also written to
+`<log dir>/internal_token` (mode 0600) for tools that call an internal service directly.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -91,12 +98,35 @@ class Child:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _spawn(command: list[str], log_path: Path, env: dict) -> subprocess.Popen:
+def _spawn(command: list[str], log_path: Path, env: dict, stdin_text: str | None = None) -> subprocess.Popen:
     with open(log_path, "wb") as log_file:
-        return subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
             env={**env, PARENT_ENV: str(os.getpid())}, start_new_session=True,
         )  # fmt: skip
+    if stdin_text is not None:
+        proc.stdin.write(stdin_text.encode())
+        proc.stdin.close()
+    return proc
+
+
+def _hide_credentials(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
+
+
+def _make_secrets(env: dict, log_dir: Path) -> None:
+    """A fresh internal token and cache key for this run, unless the environment sets them."""
+    for name in ("MUESTRA_INTERNAL_TOKEN", "MUESTRA_CACHE_KEY"):
+        if not env.get(name) and not env.get(name + "_FILE"):
+            env[name] = secrets.token_urlsafe(32)
+    token = env.get("MUESTRA_INTERNAL_TOKEN", "")
+    if token:
+        path = log_dir / "internal_token"
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(token + "\n")
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
@@ -124,17 +154,19 @@ def _healthy(address: str) -> bool:
 def _start_redis(host: str, log_dir: Path, env: dict) -> tuple[subprocess.Popen | None, str]:
     """A local redis-server for the prefix cache, unless one is configured or none is installed."""
     if env.get("MUESTRA_REDIS_URL"):
-        return None, f"using MUESTRA_REDIS_URL={env['MUESTRA_REDIS_URL']}"
+        return None, f"using MUESTRA_REDIS_URL={_hide_credentials(env['MUESTRA_REDIS_URL'])}"
     binary = shutil.which("redis-server")
     if binary is None:
         return None, "redis-server not installed: the prefix cache falls back to an in-process LRU"
     port = free_port(host)
+    password = secrets.token_urlsafe(32)
+    # `redis-server -` reads configuration from standard input: the password stays off the command line.
     command = [
-        binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
+        binary, "-", "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
         "--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru", "--dir", str(log_dir),
         "--pidfile", str(log_dir / "redis.pid"),
     ]  # fmt: skip
-    proc = _spawn(command, log_dir / "redis.log", env)
+    proc = _spawn(command, log_dir / "redis.log", env, stdin_text=f"requirepass {password}\n")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -145,7 +177,8 @@ def _start_redis(host: str, log_dir: Path, env: dict) -> tuple[subprocess.Popen 
         except OSError:
             time.sleep(0.05)
     env["MUESTRA_REDIS_URL"] = f"redis://{host}:{port}/0"
-    return proc, f"redis-server on {host}:{port}"
+    env["MUESTRA_REDIS_PASSWORD"] = password
+    return proc, f"redis-server on {host}:{port} (password required; the services have it)"
 
 
 def plan(args, env: dict) -> tuple[list[Child], list[str]]:
@@ -207,6 +240,7 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     procs: list[subprocess.Popen] = []
     try:
+        _make_secrets(env, log_dir)
         redis_proc, redis_note = _start_redis(args.host, log_dir, env)
         if redis_proc is not None:
             procs.append(redis_proc)
@@ -233,6 +267,12 @@ def run(args) -> int:
             if child.name == "gateway":
                 http = next(a.split("=", 1)[1] for a in child.command if a.startswith("--http-port="))
                 print(f"muestra up: OpenAI API on http://{args.host}:{http}/v1", flush=True)
+        if env.get("MUESTRA_INTERNAL_TOKEN"):
+            print(
+                f"muestra up: the internal services require the token in {log_dir / 'internal_token'} "
+                "(MUESTRA_INTERNAL_TOKEN_FILE for `muestra tokenize --tokenizer`)",
+                flush=True,
+            )
         print(f"muestra up: all services healthy; logs in {log_dir}; Ctrl-C stops them", flush=True)
         while not stopping:
             for child in children:

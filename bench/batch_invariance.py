@@ -10,7 +10,8 @@ equal, and the largest absolute difference. Neighbours get random prompts and to
 
 A second table runs single-operator graphs (the ones a Llama step is made of) to show where
 variance can come from: a MatMul row with M-1 other rows beside it (the linear layers), and the
-attention's probs x V MatMul and Softmax with `pad` masked leading positions (left padding).
+attention's probs x V MatMul, Softmax and ReduceSum (what onnxruntime runs for a float16 Softmax,
+which has no CPU kernel) with `pad` masked leading positions (left padding).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def scenarios(length: int, steps: int) -> dict[str, dict]:
     return {
         "(a) alone again (replay)": {},
         "(b) 7 neighbours, same length": {"with_": [length] * 7},
-        "(b) 7 neighbours, length +4k": {"with_": [length + 4 * k for k in range(1, 8)]},
+        "(c) 7 longer neighbours, lengths +4k": {"with_": [length + 4 * k for k in range(1, 8)]},
         "(c) 7 longer neighbours": {"with_": [length + k for k in (1, 2, 3, 5, 9, 14, 30)]},
         "(c) 7 shorter neighbours": {"with_": [max(1, length - k) for k in (1, 2, 3, 5, 9, 14, 17)]},
         "(c) joins and leaves (decode only)": {
@@ -117,9 +118,11 @@ def model_table(args: argparse.Namespace) -> None:
     prompt = rng.integers(3, info.vocab_size, args.length).astype(np.int64)
     ids = rng.integers(3, info.vocab_size, args.steps).astype(np.int64)
     target = Target(engine, prompt, ids, args.seed + 1)
-    print(f"model {args.model} ({info.layout}, {engine.decoder.storage_cls.__name__}), threads "
-          f"{args.threads or 'default'}, graph optimizations {'off' if args.no_opt else 'all'}; target prompt "
-          f"{args.length} tokens, {args.steps} decode steps (+ the prefill)")
+    print(
+        f"model {args.model} ({info.layout}, {engine.decoder.storage_cls.__name__}), threads "
+        f"{args.threads or 'default'}, graph optimizations {'off' if args.no_opt else 'all'}; target prompt "
+        f"{args.length} tokens, {args.steps} decode steps (+ the prefill)"
+    )
     reference = target.run()
     print(f"{'situation':<42} {'bitwise equal':>13} {'max |diff|':>11} {'first diff':>10}")
     for name, plan in scenarios(args.length, args.steps).items():
@@ -140,44 +143,52 @@ def _session(nodes, inputs, outputs, initializers, args: argparse.Namespace) -> 
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+def _left_pad(array: np.ndarray, pad: int, axis: int, fill: float) -> np.ndarray:
+    shape = list(array.shape)
+    shape[axis] = pad
+    return np.concatenate([np.full(shape, fill, array.dtype), array], axis)
+
+
 def op_table(args: argparse.Namespace) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(args.seed)
     print(f"\nsingle operators: max |diff| of one row against it run alone (threads {args.threads or 'default'})")
+    pads, heads, dim = (1, 2, 3, 4, 5, 8, 16, 64), 4, 64
     for dtype, onnx_type in ((np.float32, TensorProto.FLOAT), (np.float16, TensorProto.FLOAT16)):
-
-        def io(name: str) -> object:
-            return helper.make_tensor_value_info(name, onnx_type, None)
-
+        io = [helper.make_tensor_value_info(name, onnx_type, None) for name in ("a", "b", "c")]
         k, n = 256, 704
         weight = numpy_helper.from_array((rng.standard_normal((k, n)) * 0.05).astype(dtype), "w")
-        linear = _session([helper.make_node("MatMul", ["x", "w"], ["y"])], [io("x")], [io("y")], [weight], args)
+        linear = _session([helper.make_node("MatMul", ["a", "w"], ["c"])], io[:1], io[2:], [weight], args)
         x = rng.standard_normal((1, k)).astype(dtype)
-        alone = linear.run(None, {"x": x})[0][0]
+        alone = linear.run(None, {"a": x})[0][0]
         cells = []
         for m in (2, 8, 64):
             rows = np.concatenate([x, rng.standard_normal((m - 1, k)).astype(dtype)])
-            cells.append(f"M={m}: {np.abs(linear.run(None, {'x': rows})[0][0] - alone).max():.2g}")
-        print(f"  {np.dtype(dtype).name:<8} linear [M,{k}]x[{k},{n}]       " + "  ".join(cells))
+            cells.append(f"M={m}: {np.abs(linear.run(None, {'a': rows})[0][0] - alone).max():.2g}")
+        print(f"  {np.dtype(dtype).name:<8} linear [M,{k}]x[{k},{n}]        " + "  ".join(cells))
 
-        heads, dim, length = 4, 64, 37
-        pv = _session([helper.make_node("MatMul", ["a", "b"], ["c"])], [io("a"), io("b")], [io("c")], [], args)
-        soft = _session([helper.make_node("Softmax", ["s"], ["t"], axis=-1)], [io("s")], [io("t")], [], args)
-        probs = rng.random((1, heads, 1, length)).astype(dtype)
-        values = rng.standard_normal((1, heads, length, dim)).astype(dtype)
-        scores = (rng.standard_normal((1, heads, 1, length)) * 3).astype(dtype)
-        pv_alone = pv.run(None, {"a": probs, "b": values})[0]
-        soft_alone = soft.run(None, {"s": scores})[0]
-        pv_cells, soft_cells = [], []
-        for pad in (1, 2, 3, 4, 5, 8, 16):
-            a = np.concatenate([np.zeros((1, heads, 1, pad), dtype), probs], 3)
-            b = np.concatenate([np.zeros((1, heads, pad, dim), dtype), values], 2)
-            pv_cells.append(f"{pad}: {np.abs(pv.run(None, {'a': a, 'b': b})[0] - pv_alone).max():.2g}")
-            s = np.concatenate([np.full((1, heads, 1, pad), np.finfo(dtype).min, dtype), scores], 3)
-            soft_cells.append(f"{pad}: {np.abs(soft.run(None, {'s': s})[0][..., pad:] - soft_alone).max():.2g}")
-        print(f"  {'':<8} probs x V, pad  " + "  ".join(pv_cells))
-        print(f"  {'':<8} Softmax,   pad  " + "  ".join(soft_cells))
+        axis = numpy_helper.from_array(np.array([-1], np.int64), "axis")
+        ops = {
+            "probs x V": _session([helper.make_node("MatMul", ["a", "b"], ["c"])], io[:2], io[2:], [], args),
+            "Softmax": _session([helper.make_node("Softmax", ["a"], ["c"], axis=-1)], io[:1], io[2:], [], args),
+            "ReduceSum": _session([helper.make_node("ReduceSum", ["a", "axis"], ["c"])], io[:1], io[2:], [axis], args),
+        }
+        for name, op in ops.items():
+            worst = dict.fromkeys(pads, 0.0)
+            for length in (5, 37, 100, 301):  # the past length the row attends to
+                a = rng.random((1, heads, 1, length)).astype(dtype)
+                b = rng.standard_normal((1, heads, length, dim)).astype(dtype)
+                feeds = {"a": a, "b": b} if name == "probs x V" else {"a": a * 6 - 3}
+                ref = op.run(None, feeds)[0]
+                for pad in pads:
+                    # Left padding: zeros for probs and V rows, the dtype's minimum for softmax scores.
+                    fill = np.finfo(dtype).min if name == "Softmax" else 0
+                    padded = {key: _left_pad(v, pad, 2 if key == "b" else 3, fill) for key, v in feeds.items()}
+                    got = op.run(None, padded)[0]
+                    got = got[..., pad:] if name == "Softmax" else got
+                    worst[pad] = max(worst[pad], float(np.abs(got.astype(np.float64) - ref).max()))
+            print(f"  {'':<8} {name:<9} pad " + "  ".join(f"{p}: {d:.2g}" for p, d in worst.items()))
 
 
 def main() -> None:

@@ -6,11 +6,15 @@
     stack.close()
 
 Every service keeps its port across restarts, so the gateway's configured addresses stay valid.
-Services run the default models from models/ unless others are given.
+Services run the default models from models/ unless others are given, configured as `muestra up`
+configures them: an internal token between services, one cache key, a Redis password (all fresh
+per stack, passed in the environment and on Redis's standard input).
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import signal
 import socket
@@ -55,9 +59,14 @@ def rss_bytes(pid: int) -> int:
 class Process:
     """One child process with a fixed port: start, SIGKILL, SIGSTOP/SIGCONT, SIGTERM, restart."""
 
-    def __init__(self, name: str, command: list[str], log_dir: Path, port: int, grpc_health: bool = True) -> None:
+    def __init__(
+        self, name: str, command: list[str], log_dir: Path, port: int, grpc_health: bool = True,
+        env: dict | None = None, stdin_text: str | None = None,
+    ) -> None:  # fmt: skip
         self.name = name
         self.command = command
+        self.env = env
+        self.stdin_text = stdin_text
         self.port = port
         self.address = f"127.0.0.1:{port}"
         self.log_path = log_dir / f"{name}.log"
@@ -78,8 +87,12 @@ class Process:
             log_file.write(f"\n==== start {self.starts}: {' '.join(self.command)}\n".encode())
             log_file.flush()
             self.proc = subprocess.Popen(
-                self.command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+                self.command, stdout=log_file, stderr=subprocess.STDOUT, env=self.env,
+                stdin=subprocess.PIPE if self.stdin_text is not None else subprocess.DEVNULL,
+            )  # fmt: skip
+        if self.stdin_text is not None:
+            self.proc.stdin.write(self.stdin_text.encode())
+            self.proc.stdin.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -137,10 +150,10 @@ class Process:
             return "(no log)"
 
 
-def _service(name: str, label: str, args: list[str], log_dir: Path, port: int | None = None) -> Process:
-    port = port or free_port()
+def _service(name: str, label: str, args: list[str], log_dir: Path, env: dict) -> Process:
+    port = free_port()
     command = [sys.executable, "-m", f"muestra.{name}", "--host", "127.0.0.1", "--port", str(port), *args]
-    return Process(label, command, log_dir, port)
+    return Process(label, command, log_dir, port, env=env)
 
 
 class LocalStack:
@@ -161,6 +174,12 @@ class LocalStack:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         common = ["--log-level", log_level, "--grace-period-s", str(grace_period_s), "--metrics-port", "-1"]
+        self.internal_token = secrets.token_urlsafe(24)
+        env = {
+            **os.environ,
+            "MUESTRA_INTERNAL_TOKEN": self.internal_token,
+            "MUESTRA_CACHE_KEY": secrets.token_urlsafe(24),
+        }
         self.redis: Process | None = None
         redis_url: list[str] = []
         if redis:
@@ -169,20 +188,31 @@ class LocalStack:
                 raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
             port = free_port()
             self.redis_url = f"redis://127.0.0.1:{port}/0"
+            self.redis_password = secrets.token_urlsafe(24)
             command = [
-                binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                binary, "-", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru", "--dir", str(self.log_dir),
                 "--pidfile", str(self.log_dir / f"redis-{port}.pid"),
             ]  # fmt: skip
-            self.redis = Process("redis", command, self.log_dir, port, grpc_health=False)
+            self.redis = Process(
+                "redis",
+                command,
+                self.log_dir,
+                port,
+                grpc_health=False,
+                stdin_text=f"requirepass {self.redis_password}\n",
+            )
+            env["MUESTRA_REDIS_PASSWORD"] = self.redis_password
             redis_url = ["--redis-url", self.redis_url]
-        self.tokenizer = _service("tokenizer", "tokenizer", ["--models", str(text_model), *common], self.log_dir)
+        self.tokenizer = _service("tokenizer", "tokenizer", ["--models", str(text_model), *common], self.log_dir, env)
         lm_flags = ["--model", str(text_model), "--providers", "cpu", "--intra-op-threads", "1", *redis_url]
-        self.lm = [_service("lm", f"lm{i}", [*lm_flags, *lm_args, *common], self.log_dir) for i in range(lm_replicas)]
+        self.lm = [
+            _service("lm", f"lm{i}", [*lm_flags, *lm_args, *common], self.log_dir, env) for i in range(lm_replicas)
+        ]
         self.diffusion = None
         if image_model is not None:
             self.diffusion = _service(
-                "diffusion", "diffusion", ["--model", str(image_model), *redis_url, *common], self.log_dir
+                "diffusion", "diffusion", ["--model", str(image_model), *redis_url, *common], self.log_dir, env
             )
         self.http_port = free_port()
         gateway_flags = [
@@ -192,7 +222,7 @@ class LocalStack:
         ]  # fmt: skip
         if self.diffusion is not None:
             gateway_flags += ["--diffusion-addr", self.diffusion.address]
-        self.gateway = _service("gateway", "gateway", [*gateway_flags, *gateway_args], self.log_dir)
+        self.gateway = _service("gateway", "gateway", [*gateway_flags, *gateway_args], self.log_dir, env)
         self.base_url = f"http://127.0.0.1:{self.http_port}/v1"
         self.started: list[Process] = []
         try:

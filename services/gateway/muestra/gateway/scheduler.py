@@ -17,6 +17,7 @@ import asyncio
 import collections
 import logging
 import time
+import uuid
 
 import grpc
 import numpy as np
@@ -29,6 +30,7 @@ from muestra.gateway.request import BeamGroup, BeamRow, GenerationRequest, Seque
 from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
 from muestra.gateway.step_stream import StepStream
 from muestra.runtime.errors import MuestraError, ResourceExhausted, Unavailable
+from muestra.runtime.step_streams import LEASE_HEADER
 from muestra.v1 import gateway_pb2, lm_pb2
 
 log = logging.getLogger("muestra.gateway.scheduler")
@@ -105,7 +107,14 @@ class ReplicaScheduler:
         self.detokenizer = Detokenizer(model, self.progress, config.tokenizer_timeout_s)
         # Decode, Filter and Clear go over one open stream (a draining lm keeps serving them there).
         # They change the lm's batches, so a broken step is not retried.
-        self.batch_stream = StepStream(replica.stub.BatchSteps, self.name, retry=False, timeout_s=self.lm_timeout_s)
+        # The lm leases the batches this scheduler creates to it: nobody else can step or clear them, and
+        # they are freed if this stream breaks (or if they idle past the lm's batch_idle_s).
+        self.lease = f"gateway-{uuid.uuid4().hex}"
+        self.lease_metadata = ((LEASE_HEADER, self.lease),)
+        self.batch_stream = StepStream(
+            lambda: replica.stub.BatchSteps(metadata=self.lease_metadata),
+            self.name, retry=False, timeout_s=self.lm_timeout_s,
+        )  # fmt: skip
         # Set by the Router: whether requests may be sent here, and where to send them if not.
         self.healthy = True
         self.router = None
@@ -288,7 +297,9 @@ class ReplicaScheduler:
         )
         with self.progress.waiting_for(f"{self.name} Prefill"):
             try:
-                reply = await self.replica.stub.Prefill(prefill, timeout=self._prefill_timeout(request))
+                reply = await self.replica.stub.Prefill(
+                    prefill, timeout=self._prefill_timeout(request), metadata=self.lease_metadata
+                )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _REQUEST_STATUSES:
                     raise grpc_error_to_muestra(exc) from exc

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         engine = load_engine(config)
     except ModelFolderError as exc:
         raise SystemExit(f"muestra-lm: cannot serve {config.model}: {exc}") from None
-    run_service(service_spec(engine, open_prefix_cache(config, engine.info)), config)
+    run_service(service_spec(engine, open_prefix_cache(config, engine.info), config.batch_idle_s), config)
 
 
 if __name__ == "__main__":

@@ -64,9 +64,18 @@ class Batch:
         pasts = list(pasts) if pasts is not None else [None] * len(prompts)
         fresh = [i for i, p in enumerate(pasts) if p is None]
         # A right-padded prompt's last logits sit mid-sequence, which graphs emitting only the
-        # last position's logits cannot give: such rows run one by one.
+        # last position's logits cannot give: such rows run one by one. Otherwise rows share a
+        # forward only with prompts of the same length: padding changes a row's KV and logits in
+        # the last bits (the attention's reductions run over the padded width), so a prompt's KV
+        # would depend on its neighbours for the rest of its life (bench/batch_invariance.py).
         together = decoder.storage_cls.left_padded or decoder.logits_all
-        groups = [fresh] if fresh and together else [[i] for i in fresh]
+        if together:
+            same_length: dict[int, list[int]] = {}
+            for i in fresh:
+                same_length.setdefault(len(prompts[i]), []).append(i)
+            groups = list(same_length.values())
+        else:
+            groups = [[i] for i in fresh]
         groups += [[i] for i, p in enumerate(pasts) if p is not None]
         parts, logits, forward_us = [], [], 0
         for rows in groups:

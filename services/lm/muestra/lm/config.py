@@ -31,6 +31,13 @@ class LmConfig(ServiceConfig):
         default=0, metadata={"help": "longest prompt plus generation (0: from config.json; may only lower it)"}
     )
     max_top_n: int = dataclasses.field(default=64, metadata={"help": "largest top_n a TOP_N output may ask for"})
+    batch_idle_s: float = dataclasses.field(
+        default=300.0,
+        metadata={
+            "help": "a batch no call has used for this long is freed (its caller left without a Clear); 0: never. "
+            "A batch also goes when the step stream of the lease it was created under breaks"
+        },
+    )
     prefix_cache: bool = dataclasses.field(
         default=True, metadata={"help": "reuse prompt-prefix KV blocks (in Redis at --redis-url, else in process)"}
     )

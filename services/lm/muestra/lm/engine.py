@@ -3,11 +3,16 @@
 The server calls these methods from a single-thread executor, so model calls are serialized and
 the batch table is never touched concurrently. A request that breaks a limit raises before any
 batch changes; a batch is replaced only after its step succeeded.
+
+Every batch belongs to the lease it was created under (the caller's `x-muestra-lease`, or none):
+only calls under that lease may step, filter or clear it, `release` frees a lease's batches (its
+step stream ended), and `expire` frees batches nobody used for a while (a caller that left).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Sequence
 
@@ -63,6 +68,8 @@ class Engine:
         self.max_top_n = max_top_n
         self.batches: dict[str, Batch] = {}
         self._sizes: dict[str, tuple[int, int]] = {}
+        # batch id -> (lease, time.monotonic() of its last use)
+        self._leases: dict[str, tuple[str, float]] = {}
         self._kv_bytes = 0
         self._rows = 0
 
@@ -83,9 +90,10 @@ class Engine:
                 f"{field}[{bad}]", f"token id {int(ids[bad])} is out of range (vocab_size {self.info.vocab_size})"
             )
 
-    def _batch(self, field: str, batch_id: str) -> Batch:
+    def _batch(self, field: str, batch_id: str, lease: str) -> Batch:
         batch = self.batches.get(batch_id)
-        if batch is None:
+        # Another lease's batch is as unknown to this caller as a freed one.
+        if batch is None or self._leases[batch_id][0] != lease:
             raise InvalidArgument(
                 field, f"unknown batch {batch_id!r} (Decode, Filter and Clear replace or free batches)"
             )
@@ -105,18 +113,19 @@ class Engine:
                 f"{self.kv_budget_bytes} bytes; finish or filter rows first"
             )
 
-    def _store(self, batch: Batch, replaces: Sequence[str] = ()) -> str:
+    def _store(self, batch: Batch, lease: str, replaces: Sequence[str] = ()) -> str:
         for old in replaces:
             self._drop(old)
         batch_id = uuid.uuid4().hex[:16]
         self.batches[batch_id] = batch
+        self._leases[batch_id] = (lease, time.monotonic())
         # Sizes as stored: a Decode grows its batch in place before the old entry is dropped.
         self._sizes[batch_id] = (batch.nbytes, batch.rows)
         self._kv_bytes += batch.nbytes
         self._rows += batch.rows
         return batch_id
 
-    def prefill(self, rows: Sequence[PrefillInput]) -> StepResult:
+    def prefill(self, rows: Sequence[PrefillInput], lease: str = "") -> StepResult:
         check_limit("rows", len(rows), 1, self.max_batch_rows)
         context = self.info.context_length
         for i, row in enumerate(rows):
@@ -142,9 +151,9 @@ class Engine:
             [r.output for r in rows],
             [r.past for r in rows],
         )
-        return StepResult(self._store(batch), logits, batch.outputs, forward_us)
+        return StepResult(self._store(batch, lease), logits, batch.outputs, forward_us)
 
-    def decode(self, items: Sequence[DecodeInput]) -> StepResult:
+    def decode(self, items: Sequence[DecodeInput], lease: str = "") -> StepResult:
         if not items:
             raise InvalidArgument("batches", "give at least one batch")
         seen = set()
@@ -153,7 +162,7 @@ class Engine:
             if item.batch_id in seen:
                 raise InvalidArgument(f"batches[{i}].batch_id", f"batch {item.batch_id!r} is listed twice")
             seen.add(item.batch_id)
-            batch = self._batch(f"batches[{i}].batch_id", item.batch_id)
+            batch = self._batch(f"batches[{i}].batch_id", item.batch_id, lease)
             if item.next_ids.size != batch.rows:
                 raise InvalidArgument(
                     f"batches[{i}].next_ids", f"got {item.next_ids.size} ids for a batch of {batch.rows} rows"
@@ -187,10 +196,10 @@ class Engine:
         # step() changes the batch only once its forward has succeeded.
         logits, forward_us = batch.step(self.decoder, next_ids)
         batch.outputs = specs
-        return StepResult(self._store(batch, [item.batch_id for item in items]), logits, specs, forward_us)
+        return StepResult(self._store(batch, lease, [item.batch_id for item in items]), logits, specs, forward_us)
 
-    def filter(self, batch_id: str, rows: Sequence[int]) -> tuple[str, int]:
-        batch = self._batch("batch_id", batch_id)
+    def filter(self, batch_id: str, rows: Sequence[int], lease: str = "") -> tuple[str, int]:
+        batch = self._batch("batch_id", batch_id, lease)
         check_limit("rows", len(rows), 0, self.max_batch_rows)
         for i, r in enumerate(rows):
             if r >= batch.rows:
@@ -199,16 +208,33 @@ class Engine:
             self._drop(batch_id)
             return "", 0
         self._reserve("Filter", self._sizes[batch_id][0], self._bytes_for(batch.lengths[list(rows)].tolist()))
-        return self._store(batch.filter(self.decoder, rows), [batch_id]), len(rows)
+        return self._store(batch.filter(self.decoder, rows), lease, [batch_id]), len(rows)
 
     def _drop(self, batch_id: str) -> None:
         if self.batches.pop(batch_id, None) is not None:
+            del self._leases[batch_id]
             nbytes, rows = self._sizes.pop(batch_id)
             self._kv_bytes -= nbytes
             self._rows -= rows
 
-    def clear(self, batch_ids: Sequence[str]) -> Load:
-        """Free these batches (unknown ids are ignored: they are already free), or all of them."""
+    def clear(self, batch_ids: Sequence[str], lease: str = "") -> Load:
+        """Free these batches of the lease (unknown ids are ignored: they are already free), or all of its batches."""
         for batch_id in list(batch_ids or self.batches):
-            self._drop(batch_id)
+            if batch_id in self._leases and self._leases[batch_id][0] == lease:
+                self._drop(batch_id)
         return self.load()
+
+    def release(self, lease: str) -> tuple[int, int]:
+        """Free every batch of a lease; how many batches and rows that freed."""
+        return self._free([b for b, (owner, _) in self._leases.items() if owner == lease])
+
+    def expire(self, idle_s: float) -> tuple[int, int]:
+        """Free the batches unused for idle_s seconds; how many batches and rows that freed."""
+        cutoff = time.monotonic() - idle_s
+        return self._free([b for b, (_, used_at) in self._leases.items() if used_at < cutoff])
+
+    def _free(self, batch_ids: list[str]) -> tuple[int, int]:
+        rows = sum(self.batches[b].rows for b in batch_ids)
+        for batch_id in batch_ids:
+            self._drop(batch_id)
+        return len(batch_ids), rows

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from muestra.lm.config import LmConfig
 from muestra.lm.engine import DecodeInput, Engine, Load, PrefillInput, StepResult
@@ -18,7 +18,8 @@ from muestra.lm.outputs import batch_output
 from muestra.lm.prefix_cache import PrefixCache, PrefixPlan
 from muestra.runtime import ServiceSpec
 from muestra.runtime.errors import InvalidArgument, check_limit
-from muestra.runtime.step_streams import until_drained
+from muestra.runtime.logs import valid_request_id
+from muestra.runtime.step_streams import LEASE_HEADER, until_drained
 from muestra.v1 import common_pb2, lm_pb2, lm_pb2_grpc
 
 log = logging.getLogger("muestra.lm")
@@ -26,7 +27,24 @@ log = logging.getLogger("muestra.lm")
 KV_BYTES = Gauge("muestra_lm_kv_cache_bytes", "Bytes of KV cache the lm service holds")
 KV_BUDGET = Gauge("muestra_lm_kv_cache_budget_bytes", "The lm service's KV budget (kv_budget_bytes)")
 ROWS = Gauge("muestra_lm_num_rows_running", "Rows held in the lm service's batches")
+ABANDONED = Counter(
+    "muestra_lm_abandoned_batches_total",
+    "Batches freed without a Clear: their step stream broke, or nobody used them for batch_idle_s",
+    ["why"],
+)
+# How often the service looks for batches idle beyond batch_idle_s.
+SWEEP_S = 5.0
 _DTYPES = {"float32": common_pb2.FLOAT32, "float16": common_pb2.FLOAT16}
+
+
+def lease_of(context) -> str:
+    """The caller's lease (metadata x-muestra-lease), or '' for calls made without one."""
+    for key, value in (context.invocation_metadata() or ()) if context is not None else ():
+        if key == LEASE_HEADER:
+            if not valid_request_id(value):
+                raise InvalidArgument(LEASE_HEADER, "must be 1-64 characters of [A-Za-z0-9._:/+=-]")
+            return value
+    return ""
 
 
 def _ids(values) -> np.ndarray:
@@ -40,8 +58,11 @@ def _load(load: Load) -> lm_pb2.ServiceLoad:
 
 
 class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
-    def __init__(self, engine: Engine, prefix_cache: PrefixCache | None = None) -> None:
+    def __init__(self, engine: Engine, prefix_cache: PrefixCache | None = None, batch_idle_s: float = 0.0) -> None:
         self.engine = engine
+        self.batch_idle_s = batch_idle_s
+        # Open BatchSteps streams per lease: a lease's batches go when its last stream breaks.
+        self._streams: dict[str, int] = {}
         self.prefix_cache = prefix_cache
         # One thread: forwards are serialized and the batch table has a single writer.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lm-model")
@@ -106,8 +127,9 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             )
             for i, row in enumerate(request.rows)
         ]
+        lease = lease_of(context)
         plans = await self._load_prefixes(request.rows, rows)
-        result, output, kv, lengths = await self._on_model_thread(self._prefill, rows)
+        result, output, kv, lengths = await self._on_model_thread(self._prefill, rows, lease)
         writes = []
         for i, (row, plan) in enumerate(zip(output.rows, plans, strict=True)):
             if plan is not None:
@@ -145,9 +167,9 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 row.input_ids = row.input_ids[plan.cached_tokens :]
         return plans
 
-    def _prefill(self, rows: list[PrefillInput]):
+    def _prefill(self, rows: list[PrefillInput], lease: str):
         """Prefill on the model thread; also the new batch's KV storage, for the cache's writes."""
-        result, output = self._step_output(self.engine.prefill, rows)
+        result, output = self._step_output(self.engine.prefill, rows, lease)
         batch = self.engine.batches[result.batch_id]
         return result, output, batch.kv, batch.lengths.copy()
 
@@ -161,27 +183,62 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 for j, spec in enumerate(batch.outputs)
             ]
             items.append(DecodeInput(batch.batch_id, _ids(batch.next_ids), specs or None))
-        result, output = await self._decode_step(self._step_output, self.engine.decode, items)
+        result, output = await self._decode_step(self._step_output, self.engine.decode, items, lease_of(context))
         return lm_pb2.DecodeResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
 
     async def BatchSteps(self, request_iterator, context):
-        async for request in until_drained(request_iterator):
-            kind = request.WhichOneof("step")
-            if kind == "decode":
-                yield lm_pb2.BatchStepResponse(decode=await self.Decode(request.decode, context))
-            elif kind == "filter":
-                yield lm_pb2.BatchStepResponse(filter=await self.Filter(request.filter, context))
-            elif kind == "clear":
-                yield lm_pb2.BatchStepResponse(clear=await self.Clear(request.clear, context))
-            else:
-                raise InvalidArgument("step", "give one of decode, filter or clear")
+        lease = lease_of(context)
+        self._streams[lease] = self._streams.get(lease, 0) + 1
+        ended_well = False
+        try:
+            async for request in until_drained(request_iterator):
+                kind = request.WhichOneof("step")
+                if kind == "decode":
+                    yield lm_pb2.BatchStepResponse(decode=await self.Decode(request.decode, context))
+                elif kind == "filter":
+                    yield lm_pb2.BatchStepResponse(filter=await self.Filter(request.filter, context))
+                elif kind == "clear":
+                    yield lm_pb2.BatchStepResponse(clear=await self.Clear(request.clear, context))
+                else:
+                    raise InvalidArgument("step", "give one of decode, filter or clear")
+            ended_well = True
+        finally:
+            self._streams[lease] -= 1
+            if not self._streams[lease]:
+                del self._streams[lease]
+                if lease and not ended_well:
+                    # The caller cancelled the stream or went away (or a step failed, which ends it):
+                    # nobody will step or clear this lease's batches.
+                    asyncio.get_running_loop().create_task(self._release(lease))
+
+    async def _release(self, lease: str) -> None:
+        if lease in self._streams:  # a new stream under this lease opened meanwhile
+            return
+        batches, rows = await self._on_model_thread(self.engine.release, lease)
+        if batches:
+            ABANDONED.labels("stream ended").inc(batches)
+            log.warning("freed %d batch(es) (%d rows) of lease %s: its step stream broke", batches, rows, lease)
+
+    async def expire_idle_batches(self) -> None:
+        """Every SWEEP_S, free batches unused for batch_idle_s (their caller left without a Clear)."""
+        while True:
+            await asyncio.sleep(min(SWEEP_S, self.batch_idle_s))
+            batches, rows = await self._on_model_thread(self.engine.expire, self.batch_idle_s)
+            if batches:
+                ABANDONED.labels("idle").inc(batches)
+                log.warning(
+                    "freed %d batch(es) (%d rows) unused for %.0f s: their caller left without clearing them",
+                    batches, rows, self.batch_idle_s,
+                )  # fmt: skip
 
     async def Filter(self, request, context) -> lm_pb2.FilterResponse:
-        batch_id, num_rows = await self._on_model_thread(self.engine.filter, request.batch_id, list(request.rows))
+        batch_id, num_rows = await self._on_model_thread(
+            self.engine.filter, request.batch_id, list(request.rows), lease_of(context)
+        )
         return lm_pb2.FilterResponse(batch_id=batch_id, num_rows=num_rows)
 
     async def Clear(self, request, context) -> lm_pb2.ClearResponse:
-        load = await self._on_model_thread(self.engine.clear, list(request.batch_ids))
+        load = await self._on_model_thread(self.engine.clear, list(request.batch_ids), lease_of(context))
         return lm_pb2.ClearResponse(load=_load(load))
 
     @staticmethod
@@ -207,14 +264,19 @@ def load_engine(config: LmConfig) -> Engine:
     return Engine(decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n)
 
 
-def service_spec(engine: Engine, prefix_cache: PrefixCache | None = None) -> ServiceSpec:
-    servicer = LanguageModelServicer(engine, prefix_cache)
+def service_spec(engine: Engine, prefix_cache: PrefixCache | None = None, batch_idle_s: float = 0.0) -> ServiceSpec:
+    servicer = LanguageModelServicer(engine, prefix_cache, batch_idle_s)
+    tasks: list[asyncio.Task] = []
 
     async def register(server: grpc.aio.Server) -> list[str]:
         lm_pb2_grpc.add_LanguageModelServicer_to_server(servicer, server)
+        if batch_idle_s > 0:
+            tasks.append(asyncio.ensure_future(servicer.expire_idle_batches()))
         return [lm_pb2.DESCRIPTOR.services_by_name["LanguageModel"].full_name]
 
     async def close() -> None:
+        for task in tasks:
+            task.cancel()
         servicer.executor.shutdown(wait=True)
         if prefix_cache is not None:
             prefix_cache.close()

@@ -15,6 +15,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# Metadata naming the caller's lease on lm calls: a batch belongs to the lease it was created under,
+# and goes when the lease's step stream breaks (muestra.lm.engine).
+LEASE_HEADER = "x-muestra-lease"
+
 # Once draining, how long a stream may wait for its next request before it is ended.
 IDLE_AFTER_DRAIN_S = 0.5
 

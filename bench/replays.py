@@ -1,0 +1,112 @@
+"""Seeded replays: do seeded requests give the same tokens under load as alone?
+
+    .venv/bin/python -m bench.replays                       # 200 sampled + 50 greedy under 32 streams
+    .venv/bin/python -m bench.replays --requests 40 --concurrency 8 --max-tokens 24
+
+Starts the stack on loopback (bench.stack, default text model), sends `--requests` seeded sampled
+requests (temperature 1.0, distinct prompts and seeds, `--max-tokens` each, EOS ignored) and
+`--greedy` greedy ones, `--concurrency` at a time, then replays every one of them alone, one after
+another. Prints how many replays differ, where the first differing token was, and the same for the
+greedy control; `--json` writes the report.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+
+import grpc  # noqa: E402
+
+from bench.stack import LocalStack  # noqa: E402
+from muestra.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+
+WORDS = "el cielo es azul y la noche cae sobre la ciudad mientras los gatos duermen".split()
+
+
+def request(i: int, max_tokens: int, greedy: bool) -> gateway_pb2.GenerateRequest:
+    prompt = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(3 + i % 17))
+    chain = [gateway_pb2.SamplerSpec(name="greedy")] if greedy else []
+    message = gateway_pb2.GenerateRequest(
+        prompt=prompt, max_tokens=max_tokens, ignore_eos=True, seed=1000 + i, samplers=chain
+    )
+    if not greedy:
+        message.samplers.add(name="temperature").params.update({"temperature": 1.0})
+        message.samplers.add(name="sample")
+    return message
+
+
+async def tokens(stub, message: gateway_pb2.GenerateRequest) -> list[int]:
+    ids: list[int] = []
+    async for reply in stub.Generate(message, timeout=600):
+        if reply.HasField("delta"):
+            ids.extend(reply.delta.token_ids)
+    return ids
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for k, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return k
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+async def run(address: str, messages: list[tuple[str, gateway_pb2.GenerateRequest]], concurrency: int) -> dict:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        gate = asyncio.Semaphore(concurrency)
+
+        async def under_load(message):
+            async with gate:
+                return await tokens(stub, message)
+
+        loaded = await asyncio.gather(*(under_load(m) for _, m in messages))
+        alone = [await tokens(stub, m) for _, m in messages]
+    report: dict = {}
+    for kind in ("sampled", "greedy"):
+        pairs = [(a, b) for (k, _), a, b in zip(messages, loaded, alone, strict=True) if k == kind]
+        firsts = [d for a, b in pairs if (d := first_difference(a, b)) is not None]
+        report[kind] = {
+            "requests": len(pairs),
+            "different": len(firsts),
+            "first_difference_median": statistics.median(firsts) if firsts else None,
+        }
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=200, help="seeded sampled requests")
+    parser.add_argument("--greedy", type=int, default=50, help="greedy requests (the control)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--json", default=None, help="also write the report here")
+    parser.add_argument("--log-dir", default=None, help="keep the services' logs here (default: a temporary folder)")
+    args = parser.parse_args()
+    messages = [("sampled", request(i, args.max_tokens, False)) for i in range(args.requests)]
+    messages += [("greedy", request(args.requests + i, args.max_tokens, True)) for i in range(args.greedy)]
+    with tempfile.TemporaryDirectory(prefix="muestra-replays-") as logs:
+        stack = LocalStack(Path(args.log_dir or logs), image_model=None)
+        try:
+            report = asyncio.run(run(stack.gateway.address, messages, args.concurrency))
+        finally:
+            stack.close()
+    report.update(concurrency=args.concurrency, max_tokens=args.max_tokens)
+    for kind in ("sampled", "greedy"):
+        r = report[kind]
+        where = f", first differing token at {r['first_difference_median']} (median)" if r["different"] else ""
+        print(f"{kind}: {r['different']} of {r['requests']} replays alone differ from the run under load{where}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

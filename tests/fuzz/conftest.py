@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, settings
 
 from bench.stack import LocalStack
+from muestra.runtime.channels import metadata_interceptors
 from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
 TEXT_MODEL = "muestra-text"
@@ -44,6 +45,11 @@ def tally(surface: str, outcome: str, details: str = "") -> None:
     TALLY[surface][outcome] += 1
     if details and os.environ.get("MUESTRA_FUZZ_DETAILS"):
         DETAILS[surface][details[:90]] += 1
+
+
+def internal_channel(stack, target: str, options: list | None = None) -> grpc.aio.Channel:
+    """A channel to an internal service of the stack, carrying its internal token as the gateway's do."""
+    return grpc.aio.insecure_channel(target, options=options, interceptors=metadata_interceptors(stack.internal_token))
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +94,7 @@ async def _known(stack) -> Known:
         schema = json.loads(sampler.parameter_schema or "{}")
         params |= set(schema.get("properties", {}))
     text = next(m for m in models.models if m.kind == "text")
-    async with grpc.aio.insecure_channel(stack.diffusion.address) as channel:
+    async with internal_channel(stack, stack.diffusion.address) as channel:
         limits = await diffusion_pb2_grpc.DiffusionStub(channel).Describe(
             diffusion_pb2.DescribeDiffusionRequest(), timeout=10
         )

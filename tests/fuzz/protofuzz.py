@@ -210,16 +210,22 @@ async def call(channel: grpc.aio.Channel, method: str, kind: str, requests: list
                 responses.append(response)
         else:
             stream = channel.stream_stream(method, **identity)(timeout=timeout)
-            for request in requests:
-                try:
+            try:
+                for request in requests:
                     await stream.write(request)
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    # The service ended the call before it read them all (it refused an earlier one):
-                    # grpc's client then reports its own "Internal error from Core", not the service's status.
-                    return Reply("ENDED_EARLY", responses)
-            await stream.done_writing()
-            while (response := await stream.read()) is not grpc.aio.EOF:
-                responses.append(response)
+                await stream.done_writing()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                # The service ended the call before it read them all (it refused an earlier one):
+                # grpc's client then reports its own "Internal error from Core", not the service's status
+                # (through a channel with interceptors, on done_writing too).
+                return Reply("ENDED_EARLY", responses)
+            try:
+                while (response := await stream.read()) is not grpc.aio.EOF:
+                    responses.append(response)
+            except grpc.aio.AioRpcError as exc:
+                if len(requests) > 1 and exc.details() == "Internal error from Core":
+                    return Reply("ENDED_EARLY", responses)  # the same, noticed by the read
+                raise
     except grpc.aio.AioRpcError as exc:
         code = "HANG" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else exc.code().name
         return Reply(code, responses, exc.details() or "")

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 
-import grpc
 import pytest
+from google.protobuf import struct_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,7 +22,7 @@ from muestra.v1 import (
     lm_pb2_grpc,
     tokenizer_pb2,
 )
-from tests.fuzz.conftest import FUZZ, IMAGE_MODEL, TEXT_MODEL, Known, tally, unharmed
+from tests.fuzz.conftest import FUZZ, IMAGE_MODEL, TEXT_MODEL, Known, internal_channel, tally, unharmed
 from tests.fuzz.protofuzz import Reply, call, messages, wire
 
 pytestmark = pytest.mark.slow
@@ -32,6 +33,19 @@ ALLOWED_STREAM_ENDS = {"ENDED_EARLY"}
 
 OUTPUTS = [lm_pb2.OutputSpec(kind=lm_pb2.ARGMAX), lm_pb2.OutputSpec(kind=lm_pb2.LOGITS),
            lm_pb2.OutputSpec(kind=lm_pb2.TOP_N, top_n=5), lm_pb2.OutputSpec()]  # fmt: skip
+
+
+def _struct(values: dict) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(values)
+    return struct
+
+
+NON_FINITE_EXTRAS = [
+    _struct({"scheduler": {"beta_start": math.nan}}),
+    _struct({"scheduler": {"betas": [0.1, -math.inf]}}),
+    _struct({"lora": math.inf}),
+]
 
 # -- hints per surface ------------------------------------------------------------------------------
 
@@ -83,6 +97,8 @@ def image_hints(known: Known) -> dict:
         "num_images": st.sampled_from([0, 1, 2, limits.max_images + 1, 2**32 - 1]),
         "preview_every": st.sampled_from([0, 1, 2, 2**32 - 1]),
         "sampler": st.sampled_from(["", "euler", "ddim", "no-such-scheduler"]),
+        # JSON has no NaN or infinities; such an extra used to be INTERNAL.
+        "ImageRequest.extra": st.sampled_from(NON_FINITE_EXTRAS),
     }
 
 
@@ -171,7 +187,7 @@ def track_batches(surface: Surface, known: Known, reply: Reply, request: bytes) 
 
 async def seed_batches(stack, known: Known) -> None:
     """Two real batches on the lm for the fuzzed Decode, Filter, Clear and BatchSteps calls to find."""
-    async with grpc.aio.insecure_channel(stack.lm[0].address) as channel:
+    async with internal_channel(stack, stack.lm[0].address) as channel:
         stub = lm_pb2_grpc.LanguageModelStub(channel)
         for ids in ([1, 2, 3], [5, 6, 7, 8, 9]):
             row = lm_pb2.PrefillRow(request_id="fuzz", input_ids=ids, output=lm_pb2.OutputSpec(kind=lm_pb2.ARGMAX))
@@ -180,7 +196,7 @@ async def seed_batches(stack, known: Known) -> None:
 
 
 async def clear_batches(stack, known: Known) -> None:
-    async with grpc.aio.insecure_channel(stack.lm[0].address) as channel:
+    async with internal_channel(stack, stack.lm[0].address) as channel:
         stub = lm_pb2_grpc.LanguageModelStub(channel)
         await stub.Clear(lm_pb2.ClearRequest(batch_ids=known.batches), timeout=30)
     known.batches.clear()
@@ -204,8 +220,8 @@ def test_hostile_requests_get_a_clear_status(fuzz_stack, known, surface):
         hows = sorted({how for how, _ in sent})
 
         async def send() -> Reply:
-            async with grpc.aio.insecure_channel(
-                target, options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+            async with internal_channel(
+                fuzz_stack, target, [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
             ) as channel:
                 started = time.monotonic()
                 reply = await call(channel, surface.method, surface.kind, [b for _, b in sent], surface.timeout_s)

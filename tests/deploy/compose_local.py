@@ -2,11 +2,12 @@
 
 What a container would run is read from the files themselves: each service's ENTRYPOINT, ENV and HEALTHCHECK
 from its Dockerfile, then `command`, `environment` (interpolated like Compose: `${VAR:-default}`), `volumes`,
-`tmpfs`, `depends_on` and `healthcheck` from the compose file. The rewrites are only what a machine without
-containers needs: a wildcard bind address becomes a loopback one (replica i of a scaled service gets
+`tmpfs`, `secrets`, `depends_on` and `healthcheck` from the compose file. The rewrites are only what a machine
+without containers needs: a wildcard bind address becomes a loopback one (replica i of a scaled service gets
 127.0.0.<i+1>, so replicas share a port as they do in Compose), each container port becomes a free port, a
 `service:port` reference becomes the addresses of that service's replicas, a volume's container path becomes its
-host source, a tmpfs becomes a temporary folder, and `python` becomes this interpreter.
+host source, a tmpfs becomes a temporary folder, a secret's `/run/secrets/<name>` becomes its file (in the
+services that list it, and only there), and `python` becomes this interpreter.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 WILDCARDS = ("0.0.0.0", "::", "[::]")
+SECRETS_DIR = "/run/secrets"
 
 
 @dataclasses.dataclass
@@ -184,7 +186,8 @@ class LocalCompose:
     """Plan and run every service of a compose file as local processes; `scale` gives replica counts.
 
     `interpreters` maps a service to the Python that stands for its image's (default: this one), e.g. a venv
-    holding only what its Dockerfile installs.
+    holding only what its Dockerfile installs. `secret_values` gives the content of top-level secrets, written to
+    files in `workdir` (mode 0600); any other secret is the compose file's own `file:`, as Compose reads it.
     """
 
     def __init__(
@@ -193,8 +196,11 @@ class LocalCompose:
         workdir: Path,
         scale: dict[str, int] | None = None,
         interpreters: dict[str, str] | None = None,
+        secret_values: dict[str, str] | None = None,
     ) -> None:
         self.compose = compose
+        self.secret_values = secret_values or {}
+        self.secret_files: dict[str, Path] = {}
         self.interpreters = interpreters or {}
         self.services: dict = compose["services"]
         self.workdir = workdir
@@ -218,8 +224,42 @@ class LocalCompose:
         host_port = self.port_map[(name, container_port)]
         return ",".join(f"{host}:{host_port}" for host in self.hosts(name))
 
+    def materialize_secrets(self) -> None:
+        """A file for every top-level secret: the given value in `workdir`, else the compose file's `file:`."""
+        folder = self.workdir / "secrets"
+        for name, spec in (self.compose.get("secrets") or {}).items():
+            if name in self.secret_values:
+                folder.mkdir(mode=0o700, exist_ok=True)
+                path = folder / name
+                path.touch(mode=0o600)
+                path.write_text(self.secret_values[name])
+            elif "file" in spec:
+                path = (REPO / spec["file"]).resolve()
+                if not path.is_file():  # as `docker compose up` refuses to start
+                    raise FileNotFoundError(f"secret {name}: {path} does not exist")
+            else:
+                raise ValueError(f"secret {name}: only `file:` secrets (or secret_values) are supported here")
+            self.secret_files[name] = path
+
+    def secret_mounts(self, name: str) -> dict[str, Path]:
+        """Container path -> host file of every secret service `name` lists (Compose's /run/secrets/<target>)."""
+        mounts = {}
+        for entry in self.services[name].get("secrets") or []:
+            source, target = (entry, entry) if isinstance(entry, str) else (entry["source"], entry.get("target"))
+            target = target or source
+            path = target if target.startswith("/") else f"{SECRETS_DIR}/{target}"
+            mounts[path] = self.secret_files[source]
+        return mounts
+
+    def _map_secrets(self, name: str, text: str) -> str:
+        for container_path, host_path in self.secret_mounts(name).items():
+            replacement = str(host_path).replace("\\", "\\\\")
+            text = re.sub(re.escape(container_path) + r"(?![\w.-])", replacement, text)
+        return text
+
     def plan(self) -> None:
         """Decide every replica's command, environment and ports (before anything starts)."""
+        self.materialize_secrets()
         planned = {}
         for name, service in self.services.items():
             image = parse_dockerfile(REPO / service["build"]["dockerfile"]) if "build" in service else None
@@ -233,6 +273,9 @@ class LocalCompose:
 
     def _rewrite(self, name: str, key: str, value: str, host: str, tmp: Path) -> str:
         service = self.services[name]
+        mapped = self._map_secrets(name, value)
+        if mapped != value:  # a host path now: no container path left to rewrite
+            return mapped
         if key.endswith("_HOST") and value in WILDCARDS:
             return host
         if key.endswith("_PORT") and (name, value) in self.port_map:
@@ -263,8 +306,15 @@ class LocalCompose:
             healthcheck = image.healthcheck
         else:  # redis from its official image: the compose command, on this replica's loopback port
             argv = [*command, "--port", str(ports["6379"]), "--bind", host, "--dir", str(tmp)]
-            test = service["healthcheck"]["test"][1:]
-            healthcheck = [test[0], "-h", host, "-p", str(ports["6379"]), *test[1:]]
+            kind, *test = service["healthcheck"]["test"]
+            address = ["-h", host, "-p", str(ports["6379"])]
+            if kind == "CMD-SHELL":  # Docker runs the string with /bin/sh -c
+                (script,) = test
+                healthcheck = ["sh", "-c", re.sub(r"\bredis-cli\b", " ".join(["redis-cli", *address]), script)]
+            else:
+                healthcheck = [test[0], *address, *test[1:]]
+        argv = [self._map_secrets(name, word) for word in argv]
+        healthcheck = [self._map_secrets(name, word) for word in healthcheck]
         python = self.interpreters.get(name, sys.executable)
         argv = [python if word == "python" else word for word in argv]
         healthcheck = [python if word == "python" else word for word in healthcheck]

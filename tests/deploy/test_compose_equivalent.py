@@ -2,20 +2,28 @@
 Compose and the Dockerfiles give each container (tests/deploy/compose_local.py), with lm scaled to 2.
 
 No container is built or run here (these machines have no Docker engine): what this checks is that the
-configuration the files carry starts a working stack.
+configuration the files carry starts a working stack. The compose secrets (internal token, cache key, Redis
+password) are in place, as files at the paths the services are given, with values made up for this run.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import secrets
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
+import redis
 import torch
 
 from muestra.client import Client
@@ -24,6 +32,16 @@ from tests.harness import free_port
 
 PROMPT = "The quick brown fox"
 LM_REPLICAS = 2
+# Longer than two prefix-cache blocks (32 tokens each, the gateway's default).
+LONG_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 12)
+# A secret as a flag (visible in ps), or its file given as one; the stack passes them as MUESTRA_*_FILE.
+SECRET_FLAG = re.compile(r"--(requirepass|api-keys|internal-token|cache-key|redis-password)\b")
+SECRETS = {
+    "internal_token": secrets.token_hex(24),
+    "cache_key": secrets.token_hex(24),
+    "redis_password": secrets.token_hex(24),
+    "api_keys": "",  # as `touch secrets/api_keys` leaves it: the gateway asks for no key
+}
 
 
 def models_root(request, root: Path) -> tuple[Path, object, Path | None]:
@@ -50,7 +68,7 @@ def stack(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("compose-local")
     root, tiny_text, tiny_image = models_root(request, workdir / "models")
     compose = load_compose(REPO / "docker-compose.yml", {"MUESTRA_MODELS": str(root)})
-    local = LocalCompose(compose, workdir, scale={"lm": LM_REPLICAS})
+    local = LocalCompose(compose, workdir, scale={"lm": LM_REPLICAS}, secret_values=SECRETS)
     local.tiny_text, local.tiny_image = tiny_text, tiny_image
     try:
         local.up()
@@ -146,18 +164,114 @@ def test_openai_http_api_on_the_published_port_gives_the_grpc_greedy_text(stack,
     assert http_text == grpc_text
 
 
+def redis_client(stack, password: str | None) -> redis.Redis:
+    server = stack.containers["redis"][0]
+    return redis.Redis(server.host, server.ports["6379"], password=password, socket_timeout=10)
+
+
 def test_redis_runs_with_the_compose_eviction_and_no_persistence(stack):
-    redis = stack.containers["redis"][0]
-    port = str(redis.ports["6379"])
+    server = stack.containers["redis"][0]
+    port = str(server.ports["6379"])
+    env = {**os.environ, "REDISCLI_AUTH": SECRETS["redis_password"]}
 
     def config(name: str) -> str:
-        out = subprocess.run(["redis-cli", "-h", redis.host, "-p", port, "CONFIG", "GET", name], capture_output=True)
+        out = subprocess.run(
+            ["redis-cli", "-h", server.host, "-p", port, "CONFIG", "GET", name], capture_output=True, env=env
+        )
         return out.stdout.decode().split("\n")[1]
 
     assert config("maxmemory-policy") == "allkeys-lru"
     assert int(config("maxmemory")) == 1024**3
     assert config("save") == ""
     assert config("appendonly") == "no"
+
+
+def test_redis_refuses_a_client_without_the_password(stack):
+    with pytest.raises(redis.AuthenticationError):
+        redis_client(stack, None).ping()
+    with pytest.raises(redis.AuthenticationError):
+        redis_client(stack, "not-the-password").ping()
+    assert redis_client(stack, SECRETS["redis_password"]).ping() is True
+
+
+def test_lm_refuses_a_direct_call_without_the_internal_token(stack):
+    from muestra.v1 import lm_pb2, lm_pb2_grpc
+
+    replica = stack.containers["lm"][0]
+    with grpc.insecure_channel(f"{replica.host}:{replica.ports['50053']}") as channel:
+        stub = lm_pb2_grpc.LanguageModelStub(channel)
+        for metadata in [(), (("authorization", "Bearer not-the-token"),)]:
+            with pytest.raises(grpc.RpcError) as failure:
+                stub.Describe(lm_pb2.DescribeModelRequest(), metadata=metadata, timeout=30)
+            assert failure.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        token = (("authorization", f"Bearer {SECRETS['internal_token']}"),)
+        assert stub.Describe(lm_pb2.DescribeModelRequest(), metadata=token, timeout=30).ByteSize() > 0
+
+
+@pytest.mark.parametrize("service", ["tokenizer", "lm", "diffusion"])
+def test_internal_metrics_need_the_internal_token(stack, service):
+    container = stack.containers[service][0]
+    url = f"http://{container.host}:{container.ports['9090']}/metrics"
+    with pytest.raises(urllib.error.HTTPError) as failure:
+        urllib.request.urlopen(url, timeout=30)
+    assert failure.value.code == 401
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {SECRETS['internal_token']}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert b"# TYPE" in reply.read()
+
+
+def test_lm_replicas_share_prefix_cache_blocks_in_the_password_protected_redis(stack, client):
+    """The lm writes blocks to Redis with the password and keys their MAC with the shared cache key; a prompt
+    sent again is then served from the cache (the lm only stores a block seen twice)."""
+    cache = redis_client(stack, SECRETS["redis_password"])
+    completions = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        generation = client.generate(LONG_PROMPT, max_tokens=2, samplers=[{"name": "greedy"}]).wait()
+        completions.append(generation.completions[0])
+        assert completions[-1].error == ""
+        if completions[-1].cached_tokens > 0 and len(completions) >= 3:
+            break
+        time.sleep(0.5)
+    assert cache.keys("muestra:kv:*"), "no prefix-cache block reached Redis"
+    assert max(c.cached_tokens for c in completions) >= 32, [(c.replica, c.cached_tokens) for c in completions]
+
+
+def stack_processes(stack) -> dict[int, str]:
+    """pid -> command line of every process of the stack (each replica and everything it started)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    todo = [c.proc.pid for replicas in stack.containers.values() for c in replicas if c.proc.poll() is None]
+    found = {}
+    while todo:
+        pid = todo.pop()
+        try:
+            cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+            found[pid] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        todo += children.get(pid, [])
+    return found
+
+
+def test_no_process_of_the_stack_has_a_secret_on_its_command_line(stack):
+    processes = stack_processes(stack)
+    assert len(processes) >= sum(stack.scale.values())
+    # The redis replica is redis-server itself: the shell exec'd it with the config on its standard input.
+    redis_pid = stack.containers["redis"][0].proc.pid
+    assert Path(f"/proc/{redis_pid}/comm").read_text().strip() == "redis-server"
+    for pid, cmdline in processes.items():
+        for name, value in SECRETS.items():
+            if value:
+                assert value not in cmdline, f"{name} on the command line of pid {pid}: {cmdline[:200]}"
+        assert not SECRET_FLAG.search(cmdline), cmdline
 
 
 def test_image_healthcheck_fails_when_nothing_serves():

@@ -6,6 +6,7 @@ Schema validity and hadolint are scripts/check_deploy.sh's job; these are the pr
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -170,11 +171,128 @@ def test_gateway_finds_backends_by_service_name_on_their_image_ports():
     assert env["MUESTRA_GATEWAY_REDIS_URL"] == "redis://redis:6379/0"
 
 
+def redis_script_and_options(command: list[str]) -> tuple[str, dict[str, str]]:
+    """`sh -c SCRIPT redis-server OPTIONS...`: the script and the options it passes on as "$@"."""
+    assert command[:2] == ["sh", "-c"] and command[3] == "redis-server", command
+    return command[2], dict(zip(command[4::2], command[5::2], strict=True))
+
+
 def test_redis_evicts_by_lru_at_maxmemory_and_persists_nothing():
-    command = compose()["services"]["redis"]["command"]
-    assert command[0] == "redis-server"
-    options = dict(zip(command[1::2], command[2::2], strict=True))
+    _, options = redis_script_and_options(compose()["services"]["redis"]["command"])
     assert options == {"--save": "", "--appendonly": "no", "--maxmemory": "1gb", "--maxmemory-policy": "allkeys-lru"}
+
+
+def test_redis_takes_its_password_on_standard_input_and_its_probe_from_redis_cli_auth():
+    redis = compose()["services"]["redis"]
+    script, _ = redis_script_and_options(redis["command"])
+    assert script.startswith('exec redis-server - "$@" <<EOF\n')
+    assert "requirepass $(cat /run/secrets/redis_password)\n" in script
+    assert redis["secrets"] == ["redis_password"]
+    kind, test = redis["healthcheck"]["test"]
+    assert kind == "CMD-SHELL" and 'REDISCLI_AUTH="$(cat /run/secrets/redis_password)" redis-cli ping' in test
+    assert redis["user"] == "999:1000", "the official image's redis user, not root"
+
+
+SECRET_NAMES = {"internal_token", "cache_key", "redis_password", "api_keys"}
+# Which secret files each service reads, and through which variable.
+SECRET_ENV = {
+    "tokenizer": {"MUESTRA_INTERNAL_TOKEN_FILE": "internal_token"},
+    "lm": {
+        "MUESTRA_INTERNAL_TOKEN_FILE": "internal_token",
+        "MUESTRA_CACHE_KEY_FILE": "cache_key",
+        "MUESTRA_REDIS_PASSWORD_FILE": "redis_password",
+    },
+    "diffusion": {"MUESTRA_INTERNAL_TOKEN_FILE": "internal_token", "MUESTRA_CACHE_KEY_FILE": "cache_key"},
+    "gateway": {
+        "MUESTRA_INTERNAL_TOKEN_FILE": "internal_token",
+        "MUESTRA_REDIS_PASSWORD_FILE": "redis_password",
+        "MUESTRA_GATEWAY_API_KEYS_FILE": "api_keys",
+    },
+}
+
+
+def test_compose_secrets_are_files_from_the_secrets_folder():
+    top = compose()["secrets"]
+    assert set(top) == SECRET_NAMES
+    assert all(spec == {"file": f"./secrets/{name}"} for name, spec in top.items())
+    assert load_compose(REPO / "docker-compose.yml", {"MUESTRA_SECRETS": "/srv/s"})["secrets"]["cache_key"] == {
+        "file": "/srv/s/cache_key"
+    }
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_compose_services_read_their_secrets_from_run_secrets_files(service):
+    spec = compose()["services"][service]
+    env = environment_of(spec)
+    assert set(spec["secrets"]) == set(SECRET_ENV[service].values())
+    for variable, name in SECRET_ENV[service].items():
+        assert env[variable] == f"/run/secrets/{name}"
+    # Never the value itself in the environment (docker inspect shows it): only the _FILE variables.
+    assert not [k for k in env if k.endswith(("INTERNAL_TOKEN", "CACHE_KEY", "REDIS_PASSWORD", "API_KEYS"))], env
+
+
+SECRET_FLAGS = re.compile(r"--(requirepass|api-keys|internal-token|cache-key|redis-password)\b|\brequirepass\s+[^$\s]")
+
+
+def command_lines() -> list[tuple[str, list[str]]]:
+    """(where, words) of every command, args, healthcheck and exec probe of compose and Kubernetes files."""
+    found = []
+    for path in ("docker-compose.yml", "docker-compose.gpu.yml"):
+        for name, service in compose(path)["services"].items():
+            for field in ("command", "entrypoint"):
+                if field in service:
+                    words = service[field]
+                    found.append((f"{path} {name}.{field}", words if isinstance(words, list) else [words]))
+            if "healthcheck" in service:
+                found.append((f"{path} {name}.healthcheck", service["healthcheck"]["test"]))
+    manifests = [*sorted((K8S / "base").glob("*.yaml")), *sorted((K8S / "gpu").glob("*.yaml"))]
+    for path in manifests:
+        for document in yaml.safe_load_all(path.read_text()):
+            if not document or document.get("kind") == "Kustomization":
+                continue
+            pod = document.get("spec", {}).get("template", {}).get("spec", {})
+            for container in pod.get("containers", []) + pod.get("initContainers", []):
+                where = f"{path.relative_to(REPO)} {container['name']}"
+                for field in ("command", "args"):
+                    if field in container:
+                        found.append((f"{where}.{field}", container[field]))
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    if "exec" in container.get(probe, {}):
+                        found.append((f"{where}.{probe}", container[probe]["exec"]["command"]))
+    return found
+
+
+def test_no_secret_and_no_secret_flag_on_any_command_line():
+    lines = command_lines()
+    assert any("redis" in where for where, _ in lines)
+    values = [p.read_text().strip() for p in (REPO / "secrets").glob("*") if p.is_file()]
+    values += [p.read_text().strip() for p in (K8S / "base" / "secrets").glob("*") if p.name != "README.md"]
+    for where, words in lines:
+        text = " ".join(map(str, words))
+        assert not SECRET_FLAGS.search(text), f"{where}: {text}"
+        assert not [v for v in values if v and v in text], f"{where} holds a secret's value"
+        # A secret reaches a command only as a file read inside the shell, never as a word of its own.
+        assert "REDISCLI_AUTH=" not in text or 'REDISCLI_AUTH="$(cat /run/secrets/' in text, where
+
+
+SECRET_VARIABLE = re.compile(r"(INTERNAL_TOKEN|CACHE_KEY|REDIS_PASSWORD|API_KEYS)$")
+
+
+def test_no_secret_value_in_a_compose_or_kubernetes_environment():
+    services = compose()["services"]
+    for name in SERVICES:
+        for key, value in environment_of(services[name]).items():
+            assert not SECRET_VARIABLE.search(key), (name, key)
+            assert not re.match(r"rediss?://[^/]*@", value), (name, key, "a password in a Redis URL")
+    for document in k8s_documents():
+        if document["kind"] == "Secret":
+            raise AssertionError("Secrets come from the kustomization's secretGenerator, never a manifest")
+        pod = document.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("containers", []):
+            for entry in container.get("env", []):
+                assert "valueFrom" not in entry, (container["name"], entry["name"])
+                assert not SECRET_VARIABLE.search(entry["name"]), (container["name"], entry["name"])
+                assert not re.match(r"rediss?://[^/]*@", entry.get("value", "")), (container["name"], entry["name"])
 
 
 def test_models_are_mounted_read_only_from_the_models_folder():
@@ -260,7 +378,40 @@ def test_lm_has_a_horizontal_pod_autoscaler():
 def test_kubernetes_redis_matches_the_compose_redis():
     (container,) = k8s("Deployment", "redis")["spec"]["template"]["spec"]["containers"]
     assert container["image"] == compose()["services"]["redis"]["image"]
-    assert ["redis-server", *container["args"]] == compose()["services"]["redis"]["command"]
+    assert [*container["command"], *container["args"]] == compose()["services"]["redis"]["command"]
+    probe = container["readinessProbe"]["exec"]["command"]
+    assert probe == ["sh", "-c", compose()["services"]["redis"]["healthcheck"]["test"][1]]
+
+
+def test_kubernetes_secret_is_generated_from_git_ignored_files():
+    kustomization = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    (generator,) = kustomization["secretGenerator"]
+    assert generator["name"] == "muestra-secrets"
+    assert sorted(generator["files"]) == sorted(f"{name}=secrets/{name}" for name in SECRET_NAMES)
+    ignored = subprocess.run(
+        ["git", "check-ignore", *(f"deploy/kubernetes/base/secrets/{n}" for n in SECRET_NAMES), "secrets/api_keys"],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert len(ignored.stdout.split()) == len(SECRET_NAMES) + 1, ignored.stdout
+    assert (K8S / "base" / "secrets" / "README.md").is_file()
+
+
+@pytest.mark.parametrize("service", [*SERVICES, "redis"])
+def test_kubernetes_pods_mount_only_the_secrets_they_read(service):
+    spec = k8s("Deployment", service)["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    volume = next(v for v in spec["volumes"] if v["name"] == "secrets")
+    keys = [item["key"] for item in volume["secret"]["items"]]
+    assert volume["secret"]["secretName"] == "muestra-secrets"
+    assert all(item["path"] == item["key"] for item in volume["secret"]["items"])
+    assert {"name": "secrets", "mountPath": "/run/secrets", "readOnly": True} in container["volumeMounts"]
+    if service == "redis":
+        assert keys == ["redis_password"]
+        return
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert set(keys) == set(SECRET_ENV[service].values())
+    for variable, name in SECRET_ENV[service].items():
+        assert env[variable] == f"/run/secrets/{name}"
 
 
 def test_models_come_from_a_read_only_persistent_volume_claim():

@@ -285,7 +285,7 @@ async def chaos(stack: LocalStack, args) -> tuple[dict, list[Fault], list[str]]:
             count, problems = await retry_failed(workload, outcomes, fault)
             fault.notes.append(f"{count} request(s) failed by the kill sent again with their seeds")
             fault.problems += problems
-    await check_text(outcomes, stack.tokenizer.address)
+    await check_text(outcomes, stack.tokenizer.address, stack.internal_token)
     problems = judge(outcomes, faults, stack)
     return summarize(outcomes), faults, problems
 

@@ -83,7 +83,7 @@ async def soak(stack: LocalStack, args) -> tuple[dict, RssSampler]:
     finally:
         sampler.cancel()
     rss.finish()
-    checked = await check_text(outcomes, stack.tokenizer.address)
+    checked = await check_text(outcomes, stack.tokenizer.address, stack.internal_token)
     report = summarize(outcomes)
     report["texts_checked"] = checked
     report["replay_counts"] = dict(workload.replays)

@@ -25,6 +25,7 @@ import grpc
 import httpx2 as httpx
 from google.protobuf import json_format, struct_pb2
 
+from muestra.runtime.channels import metadata_interceptors
 from muestra.v1 import diffusion_pb2, gateway_pb2, gateway_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 
 # Stop strings that cannot overlap one another, so "the earliest one in the text" is unambiguous.
@@ -508,10 +509,13 @@ class Workload:
                 if spec.logprobs and not spec.beam and len(outcome.logprob_tokens.get(i, [])) != len(ids):
                     problems.append(f"choice {i}: {len(outcome.logprob_tokens.get(i, []))} logprobs for {len(ids)} ids")
         elif spec.logprobs and outcome.usage_completion_tokens is not None:
+            # usage counts the EOS or stop token that ended a choice; its text and logprobs leave it out
             counted = sum(len(outcome.logprob_tokens.get(i, [])) for i in indices)
-            if counted != outcome.usage_completion_tokens:
+            ended = sum(outcome.finish[i] == "stop" for i in indices)
+            if not outcome.usage_completion_tokens - ended <= counted <= outcome.usage_completion_tokens:
                 problems.append(
                     f"{counted} logprob entries for usage.completion_tokens {outcome.usage_completion_tokens}"
+                    f" ({ended} choices ended by a stop)"
                 )
 
     def _compare_replay(self, outcome: Outcome) -> None:
@@ -557,13 +561,14 @@ DEFAULT_KINDS = {
 # -- checks against the tokenizer, after the run --------------------------------------------------
 
 
-async def check_text(outcomes: list[Outcome], tokenizer: str, tokenizer_model: str = "") -> int:
+async def check_text(outcomes: list[Outcome], tokenizer: str, token: str, tokenizer_model: str = "") -> int:
     """Each gRPC completion's text against the tokenizer's decode of its ids (stop strings applied).
 
-    Returns how many completions were checked; problems are added to the outcomes.
+    `token` is the stack's internal token, which the tokenizer asks of every caller. Returns how many
+    completions were checked; problems are added to the outcomes.
     """
     checked = 0
-    async with grpc.aio.insecure_channel(tokenizer) as channel:
+    async with grpc.aio.insecure_channel(tokenizer, interceptors=metadata_interceptors(token)) as channel:
         stub = tokenizer_pb2_grpc.TokenizerStub(channel)
         for outcome in outcomes:
             if outcome.status != "ok" or not outcome.ids or outcome.spec is None or outcome.spec.beam:

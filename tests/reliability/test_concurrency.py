@@ -77,7 +77,7 @@ def test_48_concurrent_short_generations_neither_hang_nor_mix_up_text(one_replic
         kinds={"grpc_stream": 1},
     )  # fmt: skip
     outcomes = run_workload(workload, 30, stutter=one_replica.tokenizer)
-    checked = asyncio.run(check_text(outcomes, one_replica.tokenizer.address))
+    checked = asyncio.run(check_text(outcomes, one_replica.tokenizer.address, one_replica.internal_token))
 
     by_status = {s: sum(o.status == s for o in outcomes) for s in ("ok", "failed", "lost", "hung", "refused")}
     wrong = [o.describe() + " | " + "; ".join(o.problems) for o in outcomes if o.problems]

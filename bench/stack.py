@@ -73,6 +73,7 @@ class Process:
         self.grpc_health = grpc_health
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.metrics_url = ""  # set by _service when the stack exports metrics
 
     @property
     def pid(self) -> int:
@@ -150,10 +151,14 @@ class Process:
             return "(no log)"
 
 
-def _service(name: str, label: str, args: list[str], log_dir: Path, env: dict) -> Process:
+def _service(name: str, label: str, args: list[str], log_dir: Path, env: dict, metrics: bool = False) -> Process:
     port = free_port()
     command = [sys.executable, "-m", f"muestra.{name}", "--host", "127.0.0.1", "--port", str(port), *args]
-    return Process(label, command, log_dir, port, env=env)
+    metrics_port = free_port() if metrics else -1
+    command += ["--metrics-port", str(metrics_port)]  # after args: the last flag wins
+    process = Process(label, command, log_dir, port, env=env)
+    process.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics else ""
+    return process
 
 
 class LocalStack:
@@ -170,10 +175,11 @@ class LocalStack:
         lm_args: tuple[str, ...] = (),
         log_level: str = "INFO",
         grace_period_s: float = 20.0,
+        metrics: bool = False,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        common = ["--log-level", log_level, "--grace-period-s", str(grace_period_s), "--metrics-port", "-1"]
+        common = ["--log-level", log_level, "--grace-period-s", str(grace_period_s)]
         self.internal_token = secrets.token_urlsafe(24)
         env = {
             **os.environ,
@@ -204,15 +210,18 @@ class LocalStack:
             )
             env["MUESTRA_REDIS_PASSWORD"] = self.redis_password
             redis_url = ["--redis-url", self.redis_url]
-        self.tokenizer = _service("tokenizer", "tokenizer", ["--models", str(text_model), *common], self.log_dir, env)
+        self.tokenizer = _service(
+            "tokenizer", "tokenizer", ["--models", str(text_model), *common], self.log_dir, env, metrics
+        )
         lm_flags = ["--model", str(text_model), "--providers", "cpu", "--intra-op-threads", "1", *redis_url]
         self.lm = [
-            _service("lm", f"lm{i}", [*lm_flags, *lm_args, *common], self.log_dir, env) for i in range(lm_replicas)
+            _service("lm", f"lm{i}", [*lm_flags, *lm_args, *common], self.log_dir, env, metrics)
+            for i in range(lm_replicas)
         ]
         self.diffusion = None
         if image_model is not None:
             self.diffusion = _service(
-                "diffusion", "diffusion", ["--model", str(image_model), *redis_url, *common], self.log_dir, env
+                "diffusion", "diffusion", ["--model", str(image_model), *redis_url, *common], self.log_dir, env, metrics
             )
         self.http_port = free_port()
         gateway_flags = [
@@ -222,7 +231,7 @@ class LocalStack:
         ]  # fmt: skip
         if self.diffusion is not None:
             gateway_flags += ["--diffusion-addr", self.diffusion.address]
-        self.gateway = _service("gateway", "gateway", [*gateway_flags, *gateway_args], self.log_dir, env)
+        self.gateway = _service("gateway", "gateway", [*gateway_flags, *gateway_args], self.log_dir, env, metrics)
         self.base_url = f"http://127.0.0.1:{self.http_port}/v1"
         self.started: list[Process] = []
         try:

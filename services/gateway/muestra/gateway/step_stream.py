@@ -22,6 +22,7 @@ from collections.abc import Callable
 import grpc
 
 from muestra.runtime.deadlines import within
+from muestra.runtime.logs import request_id_scope
 
 log = logging.getLogger("muestra.gateway.step_stream")
 
@@ -92,7 +93,9 @@ class StepStream:
 
     async def _exchange(self, request, timeout_s: float):
         if self._call is None:
-            self._call = self._open_stream()
+            # The stream outlives the request that happens to open it: it carries no request's id.
+            with request_id_scope("-"):
+                self._call = self._open_stream()
         call = self._call
         try:
             reply = await within(timeout_s, _write_then_read(call, request))

@@ -90,6 +90,15 @@ class Engine:
                 f"{field}[{bad}]", f"token id {int(ids[bad])} is out of range (vocab_size {self.info.vocab_size})"
             )
 
+    def request_ids(self, batch_ids, lease: str) -> list[str]:
+        """The request ids of the rows of `lease`'s batches among `batch_ids` (for logs)."""
+        ids: list[str] = []
+        for batch_id in batch_ids:
+            batch = self.batches.get(batch_id)
+            if batch is not None and self._leases[batch_id][0] == lease:
+                ids.extend(batch.request_ids)
+        return ids
+
     def _batch(self, field: str, batch_id: str, lease: str) -> Batch:
         batch = self.batches.get(batch_id)
         # Another lease's batch is as unknown to this caller as a freed one.

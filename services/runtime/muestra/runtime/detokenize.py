@@ -49,10 +49,13 @@ class DetokenizeState:
         else:
             self.ids.extend(ids)
 
-    def next_stream(self, final: bool = False) -> tokenizer_pb2.DetokenizeStream:
-        """The DetokenizeStream for the next DetokenizeStep call."""
+    def next_stream(self, final: bool = False, request_id: str = "") -> tokenizer_pb2.DetokenizeStream:
+        """The DetokenizeStream for the next DetokenizeStep call (`request_id` names it in the tokenizer's log)."""
         return tokenizer_pb2.DetokenizeStream(
-            ids=self.ids[self.prefix_offset :], read_offset=self.read_offset - self.prefix_offset, final=final
+            ids=self.ids[self.prefix_offset :],
+            read_offset=self.read_offset - self.prefix_offset,
+            final=final,
+            request_id=request_id,
         )
 
     def apply(self, delta: tokenizer_pb2.DetokenizeDelta) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import re
@@ -44,6 +45,28 @@ def valid_request_id(value: str | bytes | None) -> str | None:
     if value and _REQUEST_ID.fullmatch(value):
         return value
     return None
+
+
+@contextlib.contextmanager
+def request_id_scope(request_id: str):
+    """Log lines inside carry `request_id` (one message of a stream that serves many requests)."""
+    token = request_id_var.set(request_id or "-")
+    try:
+        yield
+    finally:
+        request_id_var.reset(token)
+
+
+_SHOWN_IDS = 4
+
+
+def joined_request_ids(ids) -> str:
+    """Several requests' ids as one log field: the first few, then how many more ("a,b,c,d+3")."""
+    unique = list(dict.fromkeys(i for i in ids if i and valid_request_id(i)))
+    if not unique:
+        return "-"
+    shown = ",".join(unique[:_SHOWN_IDS])
+    return shown if len(unique) <= _SHOWN_IDS else f"{shown}+{len(unique) - _SHOWN_IDS}"
 
 
 def request_id_from_metadata(metadata) -> str | None:

@@ -15,6 +15,7 @@ from typing import TypeVar
 import grpc
 
 from muestra.runtime import FailedPrecondition, InvalidArgument, ResourceExhausted, ServiceSpec
+from muestra.runtime.logs import joined_request_ids, request_id_scope
 from muestra.runtime.step_streams import until_drained
 from muestra.tokenizer.backend import SMALL_DECODE_IDS
 from muestra.tokenizer.detokenize import Window, detokenize_step
@@ -193,7 +194,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     async def DetokenizeSteps(self, request_iterator, context):
         async for request in until_drained(request_iterator):
-            yield await self.DetokenizeStep(request, context)
+            # One stream serves many requests: each message's log lines name the requests it serves.
+            with request_id_scope(joined_request_ids(s.request_id for s in request.streams)):
+                log.debug("DetokenizeSteps: %d streams", len(request.streams))
+                reply = await self.DetokenizeStep(request, context)
+            yield reply
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

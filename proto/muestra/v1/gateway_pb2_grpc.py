@@ -60,6 +60,16 @@ class GatewayStub:
                 request_serializer=muestra_dot_v1_dot_gateway__pb2.ListPluginsRequest.SerializeToString,
                 response_deserializer=muestra_dot_v1_dot_gateway__pb2.ListPluginsResponse.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/muestra.v1.Gateway/Tokenize',
+                request_serializer=muestra_dot_v1_dot_gateway__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=muestra_dot_v1_dot_gateway__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/muestra.v1.Gateway/Detokenize',
+                request_serializer=muestra_dot_v1_dot_gateway__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=muestra_dot_v1_dot_gateway__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -97,6 +107,21 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """The token ids a text model's tokenizer gives a prompt (or chat messages), as Generate would
+        tokenize them; forwarded to the model's tokenizer service under the call's deadline.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """The text of token ids, from the model's tokenizer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +149,16 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.ListPlugins,
                     request_deserializer=muestra_dot_v1_dot_gateway__pb2.ListPluginsRequest.FromString,
                     response_serializer=muestra_dot_v1_dot_gateway__pb2.ListPluginsResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=muestra_dot_v1_dot_gateway__pb2.TokenizeRequest.FromString,
+                    response_serializer=muestra_dot_v1_dot_gateway__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=muestra_dot_v1_dot_gateway__pb2.DetokenizeRequest.FromString,
+                    response_serializer=muestra_dot_v1_dot_gateway__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +296,60 @@ class Gateway:
             '/muestra.v1.Gateway/ListPlugins',
             muestra_dot_v1_dot_gateway__pb2.ListPluginsRequest.SerializeToString,
             muestra_dot_v1_dot_gateway__pb2.ListPluginsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muestra.v1.Gateway/Tokenize',
+            muestra_dot_v1_dot_gateway__pb2.TokenizeRequest.SerializeToString,
+            muestra_dot_v1_dot_gateway__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muestra.v1.Gateway/Detokenize',
+            muestra_dot_v1_dot_gateway__pb2.DetokenizeRequest.SerializeToString,
+            muestra_dot_v1_dot_gateway__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

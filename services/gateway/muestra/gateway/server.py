@@ -19,10 +19,11 @@ from muestra.gateway.request import GenerationRequest
 from muestra.gateway.routing import Router
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.scheduler import grpc_error_to_muestra
+from muestra.gateway.tokenize import TokenizeRPCs
 from muestra.runtime.deadlines import within
 from muestra.runtime.errors import DeadlineExceeded, InvalidArgument, Unavailable, check_limit
 from muestra.runtime.logs import request_id_var
-from muestra.v1 import gateway_pb2, gateway_pb2_grpc, tokenizer_pb2
+from muestra.v1 import diffusion_pb2, gateway_pb2, gateway_pb2_grpc, tokenizer_pb2
 
 
 def _value(value: struct_pb2.Value):
@@ -88,7 +89,7 @@ def _utf8_len(text: str) -> int:
     return len(text.encode("utf-8", errors="surrogatepass"))
 
 
-class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
     def __init__(self, config: GatewayConfig, registry: ModelRegistry, samplers: SamplerRegistry) -> None:
         self.config = config
         self.registry = registry
@@ -274,4 +275,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return gateway_pb2.ListSamplersResponse(samplers=[entry.to_proto() for entry in self.samplers.list()])
 
     async def ListPlugins(self, request, context):
-        return gateway_pb2.ListPluginsResponse(plugins=[plugin.to_proto() for plugin in self.samplers.plugins()])
+        plugins = {plugin.name: plugin.to_proto() for plugin in self.samplers.plugins()}
+        for model in self.registry.image.values():  # schedulers load in the diffusion services
+            try:
+                reply = await model.stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=5)
+            except grpc.aio.AioRpcError as exc:
+                raise grpc_error_to_muestra(exc) from exc
+            for scheduler in reply.schedulers:
+                info = plugins.setdefault(
+                    scheduler.plugin,
+                    gateway_pb2.PluginInfo(
+                        name=scheduler.plugin, distribution=scheduler.distribution, version=scheduler.version
+                    ),
+                )
+                if scheduler.name not in info.schedulers:
+                    info.schedulers.append(scheduler.name)
+        return gateway_pb2.ListPluginsResponse(plugins=list(plugins.values()))

@@ -30,7 +30,47 @@ REQUESTS_FINISHED = Counter(
 REQUESTS_FAILED = Counter(
     "muestra_request_failures_total", "Requests that ended with an error status, by status", ["model", "code"]
 )
-RUNNING = Gauge("muestra_num_requests_running", "Rows in lm batches (vllm:num_requests_running)", ["model", "replica"])
+RUNNING = Gauge(
+    "muestra_num_requests_running",
+    "Requests with rows in an lm batch, being prefilled or decoded (vllm:num_requests_running)",
+    ["model", "replica"],
+)
 WAITING = Gauge(
     "muestra_num_requests_waiting", "Requests waiting for admission (vllm:num_requests_waiting)", ["model", "replica"]
+)
+ROWS_RUNNING = Gauge(
+    "muestra_num_rows_running", "lm batch rows in use: one per completion, or per beam", ["model", "replica"]
+)
+QUEUE_TIME = Histogram(
+    "muestra_request_queue_time_seconds",
+    "From a request's arrival to its admission into a batch (vllm:request_queue_time_seconds)",
+    ["model"],
+    buckets=_LATENCY_BUCKETS,
+)
+PREFILL_TIME = Histogram(
+    "muestra_request_prefill_time_seconds",
+    "From a request's admission to its first token (vllm:request_prefill_time_seconds)",
+    ["model"],
+    buckets=_LATENCY_BUCKETS,
+)
+DECODE_TIME = Histogram(
+    "muestra_request_decode_time_seconds",
+    "From a completion's first token to its last (vllm:request_decode_time_seconds)",
+    ["model"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320),
+)
+_TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+PROMPT_LENGTH = Histogram(
+    "muestra_request_prompt_tokens", "Prompt tokens of a request (vllm:request_prompt_tokens)", ["model"],
+    buckets=_TOKEN_BUCKETS,
+)  # fmt: skip
+GENERATION_LENGTH = Histogram(
+    "muestra_request_generation_tokens", "Tokens generated for one completion (vllm:request_generation_tokens)",
+    ["model"], buckets=_TOKEN_BUCKETS,
+)  # fmt: skip
+STEP_TIME = Histogram(
+    "muestra_decode_step_seconds",
+    "One scheduler step for a replica's batch: the lm's decode step, sampling and streaming",
+    ["model", "replica"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )

@@ -148,9 +148,13 @@ class Sequence:
         request.emit(gateway_pb2.GenerateResponse(index=self.index, done=done))
         model = request.model_name
         metrics.GENERATION_TOKENS.labels(model).inc(len(self.generated))
+        metrics.GENERATION_LENGTH.labels(model).observe(len(self.generated))
+        if self.first_token_at:
+            metrics.DECODE_TIME.labels(model).observe(decode_time)
         metrics.REQUESTS_FINISHED.labels(model, gateway_pb2.FinishReason.Name(reason).lower()).inc()
         if self.index == 0:
             metrics.PROMPT_TOKENS.labels(model).inc(len(request.prompt_ids))
+            metrics.PROMPT_LENGTH.labels(model).observe(len(request.prompt_ids))
             metrics.E2E_LATENCY.labels(model).observe(now - request.arrival)
         request.open_sequences -= 1
         if request.open_sequences <= 0:

@@ -30,6 +30,7 @@ from muestra.gateway.request import BeamGroup, BeamRow, GenerationRequest, Seque
 from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
 from muestra.gateway.step_stream import StepStream
 from muestra.runtime.errors import MuestraError, ResourceExhausted, Unavailable
+from muestra.runtime.logs import request_id_scope, request_id_var
 from muestra.runtime.step_streams import LEASE_HEADER
 from muestra.v1 import gateway_pb2, lm_pb2
 
@@ -118,11 +119,26 @@ class ReplicaScheduler:
         # Set by the Router: whether requests may be sent here, and where to send them if not.
         self.healthy = True
         self.router = None
+        # Read when /metrics is scraped, so they never go stale between steps.
+        labels = (model.name, replica.address)
+        metrics.RUNNING.labels(*labels).set_function(self.running_requests)
+        metrics.WAITING.labels(*labels).set_function(lambda: len(self.waiting))
+        metrics.ROWS_RUNNING.labels(*labels).set_function(
+            lambda: len(self.rows) + sum(len(rows) for _, rows in self.joining)
+        )
 
     # -- called by the Generate handlers and the router -----------------------------------------
 
     def load(self) -> int:
         return len(self.rows) + sum(len(rows) for _, rows in self.joining) + sum(r.rows for r in self.waiting)
+
+    def running_requests(self) -> int:
+        """Requests with rows here (running or joining) or being prefilled."""
+        requests = {id(row.request) for row in self.rows}
+        requests.update(id(row.request) for _, rows in list(self.joining) for row in rows)
+        if self.admitting is not None:
+            requests.add(id(self.admitting))
+        return len(requests)
 
     def has_work(self) -> bool:
         return bool(self.rows or self.joining or self.waiting)
@@ -144,6 +160,10 @@ class ReplicaScheduler:
     # -- the loop -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        # This task serves every request sent here, not the one that started it: its log lines and
+        # calls carry a request's id only while it works for that request (admission), and the step
+        # streams' messages name their requests themselves.
+        request_id_var.set("-")
         detokenizing: asyncio.Task | None = None
         while True:
             try:
@@ -161,13 +181,13 @@ class ReplicaScheduler:
                 if not self.rows and not self.joining:
                     continue
                 # The lm works on step t+1 while the tokenizer turns step t into text.
+                step_started = time.monotonic()
                 reply = await self._decode()
                 if detokenizing is not None:
                     task, detokenizing = detokenizing, None
                     await task
                 stepped = await self._accept_step(reply)
-                metrics.RUNNING.labels(self.model.name, self.replica.address).set(len(self.rows))
-                metrics.WAITING.labels(self.model.name, self.replica.address).set(len(self.waiting))
+                metrics.STEP_TIME.labels(self.model.name, self.replica.address).observe(time.monotonic() - step_started)
                 detokenizing = asyncio.get_running_loop().create_task(self.detokenizer.step(stepped))
             except LmFailed as exc:
                 detokenizing = await _stop(detokenizing)
@@ -247,9 +267,11 @@ class ReplicaScheduler:
                 request.out.put_nowait(None)
                 continue
             request.admitted = time.monotonic()
+            metrics.QUEUE_TIME.labels(self.model.name).observe(request.admitted - request.arrival)
             self.admitting = request
             try:
-                used += await self._prefill(request)
+                with request_id_scope(request.request_id):
+                    used += await self._prefill(request)
             except LmFailed as exc:
                 self._move_or_fail(request, exc)
                 raise
@@ -319,6 +341,7 @@ class ReplicaScheduler:
         joining[1] = rows
         index = [0] * len(rows) if logits is not None else [-1] * len(rows)
         await self._accept(rows, logits, index, [argmax] * len(rows))
+        metrics.PREFILL_TIME.labels(self.model.name).observe(time.monotonic() - request.admitted)
         await self.detokenizer.step(rows)
         joining[0], joining[1] = batch_id, rows = await self._reshaped(batch_id, rows)
         if not rows:

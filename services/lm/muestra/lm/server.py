@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
-from prometheus_client import Counter, Gauge
 
+from muestra.lm import metrics
 from muestra.lm.config import LmConfig
 from muestra.lm.engine import DecodeInput, Engine, Load, PrefillInput, StepResult
 from muestra.lm.model import OnnxDecoder
@@ -18,20 +18,12 @@ from muestra.lm.outputs import batch_output
 from muestra.lm.prefix_cache import PrefixCache, PrefixPlan
 from muestra.runtime import ServiceSpec
 from muestra.runtime.errors import InvalidArgument, check_limit
-from muestra.runtime.logs import valid_request_id
+from muestra.runtime.logs import joined_request_ids, request_id_scope, valid_request_id
 from muestra.runtime.step_streams import LEASE_HEADER, until_drained
 from muestra.v1 import common_pb2, lm_pb2, lm_pb2_grpc
 
 log = logging.getLogger("muestra.lm")
 
-KV_BYTES = Gauge("muestra_lm_kv_cache_bytes", "Bytes of KV cache the lm service holds")
-KV_BUDGET = Gauge("muestra_lm_kv_cache_budget_bytes", "The lm service's KV budget (kv_budget_bytes)")
-ROWS = Gauge("muestra_lm_num_rows_running", "Rows held in the lm service's batches")
-ABANDONED = Counter(
-    "muestra_lm_abandoned_batches_total",
-    "Batches freed without a Clear: their step stream broke, or nobody used them for batch_idle_s",
-    ["why"],
-)
 # How often the service looks for batches idle beyond batch_idle_s.
 SWEEP_S = 5.0
 _DTYPES = {"float32": common_pb2.FLOAT32, "float16": common_pb2.FLOAT16}
@@ -68,9 +60,11 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lm-model")
         # Calls submitted to that thread and not yet finished (only the event loop changes this).
         self._model_calls = 0
-        KV_BYTES.set_function(lambda: self.engine.load().kv_bytes)
-        ROWS.set_function(lambda: self.engine.load().rows)
-        KV_BUDGET.set(engine.kv_budget_bytes)
+        metrics.KV_BYTES.set_function(lambda: self.engine.load().kv_bytes)
+        metrics.KV_USAGE.set_function(lambda: self.engine.load().kv_bytes / max(1, engine.kv_budget_bytes))
+        metrics.ROWS.set_function(lambda: self.engine.load().rows)
+        metrics.BATCHES.set_function(lambda: self.engine.load().batches)
+        metrics.KV_BUDGET.set(engine.kv_budget_bytes)
 
     async def _on_model_thread(self, fn, *args):
         self._model_calls += 1
@@ -130,6 +124,8 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         lease = lease_of(context)
         plans = await self._load_prefixes(request.rows, rows)
         result, output, kv, lengths = await self._on_model_thread(self._prefill, rows, lease)
+        metrics.PREFILL_SECONDS.observe(result.forward_us / 1e6)
+        metrics.PREFILL_TOKENS.observe(sum(row.input_ids.size for row in rows))
         writes = []
         for i, (row, plan) in enumerate(zip(output.rows, plans, strict=True)):
             if plan is not None:
@@ -184,6 +180,8 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             ]
             items.append(DecodeInput(batch.batch_id, _ids(batch.next_ids), specs or None))
         result, output = await self._decode_step(self._step_output, self.engine.decode, items, lease_of(context))
+        metrics.DECODE_STEP_SECONDS.observe(result.forward_us / 1e6)
+        metrics.BATCH_ROWS.observe(len(output.rows))
         return lm_pb2.DecodeResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
 
     async def BatchSteps(self, request_iterator, context):
@@ -192,15 +190,10 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         ended_well = False
         try:
             async for request in until_drained(request_iterator):
-                kind = request.WhichOneof("step")
-                if kind == "decode":
-                    yield lm_pb2.BatchStepResponse(decode=await self.Decode(request.decode, context))
-                elif kind == "filter":
-                    yield lm_pb2.BatchStepResponse(filter=await self.Filter(request.filter, context))
-                elif kind == "clear":
-                    yield lm_pb2.BatchStepResponse(clear=await self.Clear(request.clear, context))
-                else:
-                    raise InvalidArgument("step", "give one of decode, filter or clear")
+                # One stream serves many requests: each step's log lines name the requests of its rows.
+                with request_id_scope(joined_request_ids(self.engine.request_ids(_batch_ids(request), lease))):
+                    reply = await self._batch_step(request, context)
+                yield reply
             ended_well = True
         finally:
             self._streams[lease] -= 1
@@ -211,12 +204,26 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                     # nobody will step or clear this lease's batches.
                     asyncio.get_running_loop().create_task(self._release(lease))
 
+    async def _batch_step(self, request: lm_pb2.BatchStepRequest, context) -> lm_pb2.BatchStepResponse:
+        kind = request.WhichOneof("step")
+        started = time.perf_counter()
+        if kind == "decode":
+            reply = lm_pb2.BatchStepResponse(decode=await self.Decode(request.decode, context))
+        elif kind == "filter":
+            reply = lm_pb2.BatchStepResponse(filter=await self.Filter(request.filter, context))
+        elif kind == "clear":
+            reply = lm_pb2.BatchStepResponse(clear=await self.Clear(request.clear, context))
+        else:
+            raise InvalidArgument("step", "give one of decode, filter or clear")
+        log.debug("BatchSteps %s %.1fms", kind, (time.perf_counter() - started) * 1000)
+        return reply
+
     async def _release(self, lease: str) -> None:
         if lease in self._streams:  # a new stream under this lease opened meanwhile
             return
         batches, rows = await self._on_model_thread(self.engine.release, lease)
         if batches:
-            ABANDONED.labels("stream ended").inc(batches)
+            metrics.ABANDONED.labels("stream ended").inc(batches)
             log.warning("freed %d batch(es) (%d rows) of lease %s: its step stream broke", batches, rows, lease)
 
     async def expire_idle_batches(self) -> None:
@@ -225,7 +232,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             await asyncio.sleep(min(SWEEP_S, self.batch_idle_s))
             batches, rows = await self._on_model_thread(self.engine.expire, self.batch_idle_s)
             if batches:
-                ABANDONED.labels("idle").inc(batches)
+                metrics.ABANDONED.labels("idle").inc(batches)
                 log.warning(
                     "freed %d batch(es) (%d rows) unused for %.0f s: their caller left without clearing them",
                     batches, rows, self.batch_idle_s,
@@ -282,3 +289,14 @@ def service_spec(engine: Engine, prefix_cache: PrefixCache | None = None, batch_
             prefix_cache.close()
 
     return ServiceSpec(name="lm", register=register, close=close)
+
+
+def _batch_ids(request: lm_pb2.BatchStepRequest) -> list[str]:
+    kind = request.WhichOneof("step")
+    if kind == "decode":
+        return [b.batch_id for b in request.decode.batches]
+    if kind == "filter":
+        return [request.filter.batch_id]
+    if kind == "clear":
+        return list(request.clear.batch_ids)
+    return []

@@ -1,17 +1,20 @@
-"""`muestra generate PROMPT`: stream text from the gateway as it is produced."""
+"""`muestra generate PROMPT`: stream text from the gateway as it is produced (`-` reads the prompt from stdin)."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from muestra.cli.endpoints import default_address
-from muestra.client import Client, MuestraError
+from muestra.cli.endpoints import api_key, gateway_address
+from muestra.cli.errors import CliError
+from muestra.client import Client
+
+# The convenience flags; each becomes one step of the chain (see muestra.client.sampler_chain).
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("generate", help="stream a completion of a prompt from the gateway")
-    parser.add_argument("prompt", help="prompt text")
+def add_sampling_arguments(parser) -> None:
+    """The flags generate and chat share: model, length, sampling, seed, stops, gateway."""
     parser.add_argument("--model", default="", help="model name (default: the gateway's default)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=None, help="0 means greedy")
@@ -19,46 +22,87 @@ def add_parser(sub) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--min-p", type=float, default=None)
     parser.add_argument("--repetition-penalty", type=float, default=None)
+    parser.add_argument(
+        "--sampler", nargs="+", action="append", default=[], metavar=("NAME", "KEY=VALUE"),
+        help="one step of the sampler chain, e.g. --sampler top_k top_k=5 --sampler sample (repeatable, in order; "
+        "values are JSON, else text; `muestra plugins` lists the samplers). Replaces --temperature/--top-*",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--gateway", default=None, help="gateway address [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
+    parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
+
+
+def _param(step: str, item: str) -> tuple[str, object]:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise CliError(f"--sampler {step}: {item!r} is not KEY=VALUE (a prompt goes before --sampler, or after --)")
+    try:
+        return key, json.loads(text)
+    except ValueError:
+        return key, text
+
+
+def sampler_steps(raw: list[list[str]]) -> list[dict]:
+    """[["top_k", "top_k=5"], ["sample"]] -> [{"name": "top_k", "params": {"top_k": 5}}, {"name": "sample", ...}]."""
+    return [{"name": name, "params": dict(_param(name, item) for item in items)} for name, *items in raw]
+
+
+def sampling_kwargs(args) -> dict:
+    """The keyword arguments of Client.generate that the shared flags give."""
+    flags = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
+    if args.sampler and flags:
+        given = ", ".join("--" + name.replace("_", "-") for name in flags)
+        raise CliError(f"--sampler gives the whole chain; leave out {given} (or add them as --sampler steps)")
+    return dict(
+        model=args.model,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        stop=args.stop,
+        samplers=sampler_steps(args.sampler) or None,
+        **flags,
+    )
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("generate", help="stream a completion of a prompt from the gateway")
+    parser.add_argument("prompt", help="prompt text; - reads it from standard input")
+    add_sampling_arguments(parser)
+    parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS (up to --max-tokens)")
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     parser.add_argument("--json", action="store_true", help="print the final stats as JSON after the text")
-    parser.add_argument("--gateway", default=None, help="gateway address [MUESTRA_GATEWAY_ADDR]")
-    parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
     parser.set_defaults(run=run)
 
 
-def run(args) -> int:
-    import os
+def read_prompt(text: str) -> str:
+    """The prompt argument, or standard input for `-` (without the final newline)."""
+    if text != "-":
+        return text
+    prompt = sys.stdin.read()
+    return prompt[:-1] if prompt.endswith("\n") else prompt
 
-    api_key = args.api_key or os.environ.get("MUESTRA_API_KEY")
-    messages = [{"role": "user", "content": args.prompt}] if args.chat else None
-    with Client(args.gateway or default_address("gateway"), api_key=api_key) as client:
+
+def run(args) -> int:
+    args.gateway = gateway_address(args.gateway)
+    kwargs = sampling_kwargs(args)
+    prompt = read_prompt(args.prompt)
+    messages = [{"role": "user", "content": prompt}] if args.chat else None
+    with Client(args.gateway, api_key=api_key(args.api_key)) as client:
         generation = client.generate(
-            None if args.chat else args.prompt,
-            messages=messages,
-            model=args.model,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            min_p=args.min_p,
-            repetition_penalty=args.repetition_penalty,
-            seed=args.seed,
-            stop=args.stop,
+            None if args.chat else prompt, messages=messages, ignore_eos=args.ignore_eos, **kwargs
         )
         try:
             for delta in generation:
                 sys.stdout.write(delta.text)
                 sys.stdout.flush()
-        except MuestraError as exc:
-            print(f"\nmuestra generate: {exc}", file=sys.stderr)
-            return 1
+        except KeyboardInterrupt:
+            generation.cancel()
+            print("\nmuestra generate: interrupted; the request was cancelled", file=sys.stderr)
+            return 130
     sys.stdout.write("\n")
     done = generation.completions.get(0)
     if args.json and done is not None:
         print(json.dumps(done.__dict__, indent=2))
     if done is not None and done.error:
-        print(f"muestra generate: {done.error}", file=sys.stderr)
-        return 1
+        raise CliError(done.error)
     return 0

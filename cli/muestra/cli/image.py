@@ -6,8 +6,9 @@ import os
 import sys
 from pathlib import Path
 
-from muestra.cli.endpoints import default_address
-from muestra.client import Client, MuestraError
+from muestra.cli.endpoints import api_key, gateway_address
+from muestra.cli.errors import CliError
+from muestra.client import Client
 
 
 def add_parser(sub) -> None:
@@ -25,7 +26,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--sampler", default="", help="scheduler name, e.g. euler_a, dpmpp_2m_karras")
     parser.add_argument("--num-images", type=int, default=1)
     parser.add_argument("--model", default="")
-    parser.add_argument("--gateway", default=None, help="gateway address [MUESTRA_GATEWAY_ADDR]")
+    parser.add_argument("--gateway", default=None, help="gateway address [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
     parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
     parser.set_defaults(run=run)
 
@@ -40,9 +41,22 @@ def _bar(progress) -> None:
     sys.stderr.flush()
 
 
+def _check_output(output: Path) -> None:
+    """Fail before generating, not after, when the PNGs cannot be written where -o says."""
+    folder = output.parent
+    if output.is_dir():
+        raise CliError(f"-o {output}: is a folder; give a file name such as {output / 'muestra.png'}")
+    if not folder.is_dir():
+        raise CliError(f"-o {output}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"-o {output}: the folder {folder} is not writable")
+
+
 def run(args) -> int:
-    api_key = args.api_key or os.environ.get("MUESTRA_API_KEY")
-    with Client(args.gateway or default_address("gateway"), api_key=api_key) as client:
+    output = Path(args.output)
+    _check_output(output)
+    args.gateway = gateway_address(args.gateway)
+    with Client(args.gateway, api_key=api_key(args.api_key)) as client:
         try:
             images = client.generate_image(
                 args.prompt,
@@ -57,13 +71,13 @@ def run(args) -> int:
                 sampler=args.sampler,
                 num_images=args.num_images,
             )
-        except MuestraError as exc:
-            print(f"\nmuestra image: {exc}", file=sys.stderr)
-            return 1
-    sys.stderr.write("\n")
-    output = Path(args.output)
+        finally:
+            sys.stderr.write("\n")
     for image in images:
         path = output if len(images) == 1 else output.with_name(f"{output.stem}-{image.index}{output.suffix}")
-        path.write_bytes(image.png)
+        try:
+            path.write_bytes(image.png)
+        except OSError as exc:
+            raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
         print(f"{path} ({image.width}x{image.height}, seed {image.seed})")
     return 0

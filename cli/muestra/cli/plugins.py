@@ -1,69 +1,114 @@
-"""`muestra plugins`: the installed plugins and what each registers (in-process, or from a gateway)."""
+"""`muestra plugins`: the plugins and what each registers, from the running gateway or this environment.
+
+With --gateway, or when `muestra up` is running (or MUESTRA_GATEWAY_ADDR is set), the gateway's own
+plugins (ListPlugins and ListSamplers; schedulers as its diffusion services list them); else, or with
+--local, the plugins installed in this Python environment.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+
+from muestra.cli.endpoints import api_key, gateway_address, running_stack
+from muestra.cli.errors import CliError
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser("plugins", help="list installed sampler and scheduler plugins")
-    parser.add_argument("--gateway", default=None, help="ask this running gateway instead of this environment")
+    parser = sub.add_parser("plugins", help="list sampler and scheduler plugins (of the running gateway)")
+    parser.add_argument("--gateway", default=None, help="ask this gateway [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
+    parser.add_argument("--local", action="store_true", help="list this environment's plugins, not a gateway's")
+    parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(run=run)
 
 
-def _local() -> list[dict]:
-    from muestra.gateway.sampling import SamplerRegistry
+def _row(name, distribution, version, disabled, samplers, schedulers) -> dict:
+    return {
+        "name": name,
+        "distribution": distribution,
+        "version": version,
+        "disabled": disabled,
+        "samplers": samplers,
+        "schedulers": schedulers,
+    }
 
+
+def _local() -> list[dict]:
+    try:
+        from muestra.gateway.sampling import SamplerRegistry
+    except ImportError:
+        raise CliError("muestra-gateway is not installed here; ask a gateway with --gateway ADDRESS") from None
     registry = SamplerRegistry.load()
     samplers = {entry.name: entry for entry in registry.list()}
-    rows = []
-    for plugin in registry.plugins():
-        rows.append(
-            {
-                "name": plugin.name,
-                "distribution": plugin.distribution,
-                "version": plugin.version,
-                "disabled": plugin.disabled,
-                "samplers": [
-                    {"name": name, "argmax_invariant": samplers[name].argmax_invariant, "kind": samplers[name].kind}
-                    for name in plugin.samplers
-                ],
-            }
+    rows = {
+        plugin.name: _row(
+            plugin.name, plugin.distribution, plugin.version, plugin.disabled,
+            [
+                {"name": name, "description": samplers[name].description,
+                 "argmax_invariant": samplers[name].argmax_invariant, "kind": samplers[name].kind}
+                for name in plugin.samplers
+            ],
+            [],
         )
-    return rows
+        for plugin in registry.plugins()
+    }  # fmt: skip
+    if importlib.util.find_spec("muestra.diffusion") is not None:
+        from muestra.diffusion.registry import load_scheduler_registry
+
+        for entry in load_scheduler_registry().entries():
+            row = rows.setdefault(entry.plugin, _row(entry.plugin, entry.distribution, entry.version, False, [], []))
+            row["schedulers"].append({"name": entry.name, "aliases": list(entry.aliases)})
+    return list(rows.values())
 
 
-def _remote(address: str) -> list[dict]:
+def _remote(address: str, key: str | None) -> list[dict]:
     from muestra.client import Client
 
-    with Client(address) as client:
-        return [
-            {
-                "name": p.name,
-                "distribution": p.distribution,
-                "version": p.version,
-                "disabled": p.disabled,
-                "samplers": [{"name": s} for s in p.samplers],
-            }
-            for p in client.list_plugins()
-        ]
+    with Client(address, api_key=key) as client:
+        samplers = {s.name: s for s in client.list_samplers()}
+        plugins = client.list_plugins()
+
+    def sampler(name: str) -> dict:
+        info = samplers.get(name)
+        return {
+            "name": name,
+            "description": info.description if info else "",
+            "argmax_invariant": info.argmax_invariant if info else False,
+        }
+
+    return [
+        _row(
+            p.name, p.distribution, p.version, p.disabled,
+            [sampler(name) for name in p.samplers], [{"name": name} for name in p.schedulers],
+        )
+        for p in plugins
+    ]  # fmt: skip
+
+
+def _print(rows: list[dict]) -> None:
+    for row in rows:
+        state = " (disabled)" if row["disabled"] else ""
+        print(f"{row['name']}  {row['distribution']} {row['version']}{state}".rstrip())
+        for s in row["samplers"]:
+            print(f"  sampler   {s['name']:<20} {s['description']}".rstrip())
+        for s in row["schedulers"]:
+            aliases = f"(also {', '.join(s['aliases'])})" if s.get("aliases") else ""
+            print(f"  scheduler {s['name']:<20} {aliases}".rstrip())
+        if not row["samplers"] and not row["schedulers"]:
+            print("  (registers nothing here)")
 
 
 def run(args) -> int:
-    if args.gateway:
-        rows = _remote(args.gateway)
+    remote = not args.local and (args.gateway or os.environ.get("MUESTRA_GATEWAY_ADDR") or running_stack())
+    if remote:
+        args.gateway = gateway_address(args.gateway)
+        rows = _remote(args.gateway, api_key(args.api_key))
     else:
-        try:
-            rows = _local()
-        except ImportError:
-            print("muestra plugins: muestra-gateway is not installed here; use --gateway ADDRESS")
-            return 1
+        rows = _local()
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
-    for row in rows:
-        state = " (disabled)" if row["disabled"] else ""
-        names = ", ".join(s["name"] for s in row["samplers"]) or "-"
-        print(f"{row['name']:<20} {row['distribution']} {row['version']}{state}: {names}")
+    else:
+        _print(rows)
     return 0

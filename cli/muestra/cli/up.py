@@ -4,6 +4,12 @@ It starts redis-server on a free port when one is installed and MUESTRA_REDIS_UR
 waits for every service's gRPC health check, prints the endpoints, and stops everything on
 Ctrl-C. If a service dies, it shows that service's last log lines and stops the rest.
 
+Once every service is healthy it writes the addresses to a small state file (see
+muestra.cli.endpoints), so that the other commands find this stack without --gateway.
+
+Each service exports Prometheus metrics on the base port + 10 + its offset (50061 for the gateway by
+default), unless MUESTRA_<SERVICE>_METRICS_PORT or MUESTRA_METRICS_PORT sets its port; the URLs are printed.
+
 Secrets are made fresh for each run, unless the environment gives them: the internal token the
 services require from each other (MUESTRA_INTERNAL_TOKEN), the key of the cache blocks' MAC
 (MUESTRA_CACHE_KEY) and a Redis password. They reach the children through their environment and
@@ -14,8 +20,10 @@ Redis through its standard input, never a command line; the internal token is al
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib.util
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -29,7 +37,16 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from muestra.cli.endpoints import DEFAULT_BASE_PORT, HTTP_PORT, SERVICE_PORT_OFFSETS
+from muestra.cli.endpoints import (
+    DEFAULT_BASE_PORT,
+    HTTP_PORT,
+    METRICS_PORT_OFFSET,
+    SERVICE_PORT_OFFSETS,
+    remove_stack,
+    state_file,
+    write_stack,
+)
+from muestra.cli.errors import CliError
 
 # Services stop by themselves when this process goes away (see muestra.runtime.server). No
 # preexec_fn/PR_SET_PDEATHSIG: forking a process that runs gRPC threads can deadlock.
@@ -61,6 +78,10 @@ def add_parser(sub) -> None:
     parser.add_argument(
         "--http-port", type=int, default=HTTP_PORT, help=f"gateway's OpenAI-compatible HTTP port (default {HTTP_PORT})"
     )
+    parser.add_argument(
+        "--metrics-base-port", type=int, default=None,
+        help="the gateway's /metrics port; the others follow it (default: base port + 10; -1: no metrics)",
+    )  # fmt: skip
     parser.add_argument("--only", default="", help="comma-separated services to start (default: all installed)")
     parser.add_argument("--log-dir", default=None, help="where service logs go (default: a new temporary folder)")
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for health checks")
@@ -82,6 +103,20 @@ def default_models_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "models"
 
 
+def check_port_free(host: str, port: int, what: str) -> None:
+    """CliError when something listens on host:port (SO_REUSEADDR: a recent connection's TIME_WAIT is no owner)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            why = "is taken" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+            raise CliError(
+                f"port {port} ({what}) on {host} {why}; stop what holds it, or pick other ports with "
+                "--base-port N (0: free ports)" + (" or --http-port" if what == "gateway HTTP API" else "")
+            ) from None
+
+
 @dataclasses.dataclass
 class Child:
     name: str
@@ -89,6 +124,16 @@ class Child:
     command: list[str]
     log_path: Path
     proc: subprocess.Popen | None = None
+    # Ports this child will bind, with what each is for (checked free before anything starts).
+    ports: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def metrics_url(self) -> str | None:
+        """The URL the service logged for its /metrics (it logs it before it turns healthy)."""
+        try:
+            match = re.search(r"metrics on (http://\S+/metrics)", self.log_path.read_text(errors="replace"))
+        except OSError:
+            return None
+        return match.group(1) if match else None
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -170,7 +215,8 @@ def _start_redis(host: str, log_dir: Path, env: dict) -> tuple[subprocess.Popen 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited: {(log_dir / 'redis.log').read_text(errors='replace')[-500:]}")
+            tail = (log_dir / "redis.log").read_text(errors="replace").strip().splitlines()[-1:]
+            raise CliError(f"redis-server exited: {tail[0] if tail else '(no log)'} (see {log_dir / 'redis.log'})")
         try:
             with socket.create_connection((host, port), timeout=0.2):
                 break
@@ -181,47 +227,98 @@ def _start_redis(host: str, log_dir: Path, env: dict) -> tuple[subprocess.Popen 
     return proc, f"redis-server on {host}:{port} (password required; the services have it)"
 
 
+def http_url(host: str, gateway: Child) -> str | None:
+    """The gateway's OpenAI-compatible API, unless it is off."""
+    port = int(next(a.split("=", 1)[1] for a in gateway.command if a.startswith("--http-port=")))
+    return f"http://{host}:{port}/v1" if port > 0 else None
+
+
+def _metrics_port(args, service: str, env: dict) -> int | None:
+    """The --metrics-port muestra up gives a service; None where the environment sets the service's own."""
+    if env.get(f"MUESTRA_{service.upper()}_METRICS_PORT") or env.get("MUESTRA_METRICS_PORT"):
+        return None
+    if args.metrics_base_port is not None and args.metrics_base_port < 0:
+        return -1
+    if args.metrics_base_port is None and args.base_port == 0:
+        return free_port(args.host)
+    first = args.metrics_base_port if args.metrics_base_port is not None else args.base_port + METRICS_PORT_OFFSET
+    return first + SERVICE_PORT_OFFSETS[service]
+
+
+def _unservable(what: str, folder: Path, needs: str) -> str:
+    """Why `folder`, named by the user, cannot be served, and what to do instead."""
+    if not folder.is_dir():
+        return f"{what} {folder}: no such folder"
+    if what == "--text-model" and (folder / "config.json").is_file():
+        export = folder.with_name(folder.name + "-onnx")
+        return (
+            f"{what} {folder} has no model.onnx: it looks like a transformers folder; the lm serves ONNX. "
+            f"Export it first: muestra export-lm {folder} {export} && muestra up --text-model {export}"
+        )
+    return f"{what} {folder} has no {needs}"
+
+
 def plan(args, env: dict) -> tuple[list[Child], list[str]]:
-    """The services to start, in order, and a note for each one that is skipped."""
+    """The services to start, in order, and a note for each one that is skipped.
+
+    CliError when a model folder the user named (or a service --only asks for) cannot be served.
+    """
     models_dir = Path(args.models_dir) if args.models_dir else default_models_dir()
     text_model = Path(args.text_model) if args.text_model else models_dir / DEFAULT_TEXT_MODEL
     image_model = Path(args.image_model) if args.image_model else models_dir / DEFAULT_IMAGE_MODEL
     only = {name.strip() for name in args.only.split(",") if name.strip()}
+    unknown = only - set(START_ORDER)
+    if unknown:
+        raise CliError(f"--only: unknown service {sorted(unknown)[0]!r}; the services are {', '.join(START_ORDER)}")
     log_dir = Path(args.log_dir)
 
     def port(service: str) -> int:
         return free_port(args.host) if args.base_port == 0 else args.base_port + SERVICE_PORT_OFFSETS[service]
 
     addresses = {name: f"{args.host}:{port(name)}" for name in START_ORDER}
+    has_tokenizer = (text_model / "tokenizer.json").is_file() or any(text_model.glob("*.model"))
     service_args = {
-        "tokenizer": (
-            ["--models", str(text_model)],
-            (text_model / "tokenizer.json").is_file() or any(text_model.glob("*.model")),
-        ),
-        "lm": (["--model", str(text_model)], (text_model / "model.onnx").is_file()),
-        "diffusion": (["--model", str(image_model)], (image_model / "model_index.json").is_file()),
-        "gateway": ([], True),
-    }
+        "tokenizer": (["--models", str(text_model)], has_tokenizer, "--text-model", text_model, "tokenizer.json"),
+        "lm": (["--model", str(text_model)], (text_model / "model.onnx").is_file(), "--text-model", text_model,
+               "model.onnx"),
+        "diffusion": (["--model", str(image_model)], (image_model / "model_index.json").is_file(), "--image-model",
+                      image_model, "model_index.json"),
+        "gateway": ([], True, "", None, ""),
+    }  # fmt: skip
+    told = {"--text-model": bool(args.text_model), "--image-model": bool(args.image_model)}
     children, skipped = [], []
     for name in START_ORDER:
-        extra, has_model = service_args[name]
+        extra, has_model, flag, folder, needs = service_args[name]
         if only and name not in only:
             continue
         if importlib.util.find_spec(f"muestra.{name}.__main__") is None:
+            if name in only:
+                raise CliError(f"--only {name}: muestra-{name} is not installed (pip install -e ./services/{name})")
             skipped.append(f"{name}: not installed (pip install -e ./services/{name})")
             continue
         if not has_model:
-            skipped.append(f"{name}: no model at {text_model if name != 'diffusion' else image_model}")
+            if told.get(flag) or name in only:
+                raise CliError(_unservable(flag, folder, needs))
+            skipped.append(f"{name}: no model at {folder}")
             continue
+        ports = {}
         if name == "gateway":
             started = {c.name: c.address for c in children}
             extra = [f"--{svc}-addr={started[svc]}" for svc in ("tokenizer", "lm", "diffusion") if svc in started]
             http_port = free_port(args.host) if args.base_port == 0 else args.http_port
             extra += [f"--http-port={http_port}"]
+            if http_port > 0:
+                ports[http_port] = "gateway HTTP API"
         host, _, service_port = addresses[name].rpartition(":")
+        ports[int(service_port)] = name
         command = [sys.executable, "-m", f"muestra.{name}", "--host", host, "--port", service_port, *extra]
-        command += ["--grace-period-s", str(args.grace_period), "--metrics-port", "0"]
-        children.append(Child(name, addresses[name], command, log_dir / f"{name}.log"))
+        command += ["--grace-period-s", str(args.grace_period)]
+        metrics_port = _metrics_port(args, name, env)
+        if metrics_port is not None:
+            command += ["--metrics-port", str(metrics_port)]
+            if metrics_port > 0:
+                ports[metrics_port] = f"{name} metrics"
+        children.append(Child(name, addresses[name], command, log_dir / f"{name}.log", ports=ports))
     return children, skipped
 
 
@@ -240,17 +337,22 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     procs: list[subprocess.Popen] = []
     try:
-        _make_secrets(env, log_dir)
-        redis_proc, redis_note = _start_redis(args.host, log_dir, env)
-        if redis_proc is not None:
-            procs.append(redis_proc)
-        print(f"muestra up: {redis_note}", flush=True)
         children, skipped = plan(args, env)
         for note in skipped:
             print(f"muestra up: skipping {note}", flush=True)
         if not children:
             print("muestra up: nothing to start", file=sys.stderr)
             return 1
+        if [c.name for c in children] == ["gateway"] and not args.only:
+            raise CliError("nothing for the gateway to serve: no text or image model was found; see --models-dir")
+        for child in children:
+            for number, what in child.ports.items():
+                check_port_free(args.host, number, what)
+        _make_secrets(env, log_dir)
+        redis_proc, redis_note = _start_redis(args.host, log_dir, env)
+        if redis_proc is not None:
+            procs.append(redis_proc)
+        print(f"muestra up: {redis_note}", flush=True)
         for child in children:
             child.proc = _spawn(child.command, child.log_path, env)
             procs.append(child.proc)
@@ -264,15 +366,27 @@ def run(args) -> int:
                     return 1
                 time.sleep(0.2)
             print(f"muestra up: {child.name:<10} serving on {child.address} (pid {child.proc.pid})", flush=True)
-            if child.name == "gateway":
-                http = next(a.split("=", 1)[1] for a in child.command if a.startswith("--http-port="))
-                print(f"muestra up: OpenAI API on http://{args.host}:{http}/v1", flush=True)
+            if child.metrics_url():
+                print(f"muestra up: {child.name:<10} metrics on {child.metrics_url()}", flush=True)
+            if child.name == "gateway" and http_url(args.host, child):
+                print(f"muestra up: OpenAI API on {http_url(args.host, child)}", flush=True)
         if env.get("MUESTRA_INTERNAL_TOKEN"):
             print(
                 f"muestra up: the internal services require the token in {log_dir / 'internal_token'} "
                 "(MUESTRA_INTERNAL_TOKEN_FILE for `muestra tokenize --tokenizer`)",
                 flush=True,
             )
+        write_stack(
+            {
+                "pid": os.getpid(),
+                "services": {c.name: c.address for c in children},
+                "http": next((http_url(args.host, c) for c in children if c.name == "gateway"), None),
+                "metrics": {c.name: c.metrics_url() for c in children if c.metrics_url()},
+                "log_dir": str(log_dir),
+                "internal_token_file": str(log_dir / "internal_token") if env.get("MUESTRA_INTERNAL_TOKEN") else "",
+            }
+        )
+        print(f"muestra up: the other muestra commands find this stack through {state_file()}", flush=True)
         print(f"muestra up: all services healthy; logs in {log_dir}; Ctrl-C stops them", flush=True)
         while not stopping:
             for child in children:
@@ -285,7 +399,11 @@ def run(args) -> int:
                     return 1
             time.sleep(0.5)
         return 0
+    except CliError as exc:
+        print(f"muestra up: {exc}", file=sys.stderr)
+        return exc.exit_code
     finally:
+        remove_stack(os.getpid())
         print("muestra up: stopping", flush=True)
         # Services first (they may write to Redis while draining), Redis last.
         _stop([p for p in reversed(procs)], args.grace_period)

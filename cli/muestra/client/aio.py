@@ -10,7 +10,7 @@ import grpc
 from muestra.client.errors import from_rpc_error
 from muestra.client.images import GeneratedImage, Progress, build_image_request, image_event
 from muestra.client.sync import MAX_MESSAGE_BYTES
-from muestra.client.types import Completion, Delta, GenerationState, build_request
+from muestra.client.types import Completion, Delta, GenerationState, build_request, build_tokenize_request
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc
 
 
@@ -98,3 +98,13 @@ class AsyncClient:
 
     async def list_plugins(self) -> list[gateway_pb2.PluginInfo]:
         return list((await self._unary(self._stub.ListPlugins, gateway_pb2.ListPluginsRequest())).plugins)
+
+    async def tokenize(
+        self, prompt: str | None = None, *, messages=None, model: str = "", add_special_tokens: bool | None = None
+    ) -> gateway_pb2.TokenizeResponse:
+        request = build_tokenize_request(prompt, messages, model, add_special_tokens)
+        return await self._unary(self._stub.Tokenize, request)
+
+    async def detokenize(self, ids, *, model: str = "", skip_special_tokens: bool = False) -> str:
+        request = gateway_pb2.DetokenizeRequest(model=model, ids=list(ids), skip_special_tokens=skip_special_tokens)
+        return (await self._unary(self._stub.Detokenize, request)).text

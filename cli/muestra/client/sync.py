@@ -9,7 +9,7 @@ import grpc
 
 from muestra.client.errors import from_rpc_error
 from muestra.client.images import GeneratedImage, Progress, build_image_request, image_event
-from muestra.client.types import Completion, Delta, GenerationState, build_request
+from muestra.client.types import Completion, Delta, GenerationState, build_request, build_tokenize_request
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -111,3 +111,13 @@ class Client:
 
     def list_plugins(self) -> list[gateway_pb2.PluginInfo]:
         return list(self._unary(self._stub.ListPlugins, gateway_pb2.ListPluginsRequest()).plugins)
+
+    def tokenize(
+        self, prompt: str | None = None, *, messages=None, model: str = "", add_special_tokens: bool | None = None
+    ) -> gateway_pb2.TokenizeResponse:
+        """The ids (and tokens) the model's tokenizer gives a prompt or a conversation, as Generate would."""
+        return self._unary(self._stub.Tokenize, build_tokenize_request(prompt, messages, model, add_special_tokens))
+
+    def detokenize(self, ids, *, model: str = "", skip_special_tokens: bool = False) -> str:
+        request = gateway_pb2.DetokenizeRequest(model=model, ids=list(ids), skip_special_tokens=skip_special_tokens)
+        return self._unary(self._stub.Detokenize, request).text

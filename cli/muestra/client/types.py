@@ -125,6 +125,25 @@ def sampler_chain(samplers: Sequence[Mapping[str, Any]] | None = None, **kwargs:
     return [*chain, {"name": "sample", "params": {}}]
 
 
+def chat_messages(messages: Iterable[Mapping[str, str]]) -> common_pb2.ChatMessages:
+    return common_pb2.ChatMessages(
+        messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
+    )
+
+
+def build_tokenize_request(
+    prompt: str | None, messages: Iterable[Mapping[str, str]] | None, model: str, add_special_tokens: bool | None
+) -> gateway_pb2.TokenizeRequest:
+    request = gateway_pb2.TokenizeRequest(model=model)
+    if messages is not None:
+        request.messages.CopyFrom(chat_messages(messages))
+    else:
+        request.prompt = prompt or ""
+    if add_special_tokens is not None:
+        request.add_special_tokens = add_special_tokens
+    return request
+
+
 def build_request(
     prompt: str | None,
     messages: Iterable[Mapping[str, str]] | None,
@@ -154,11 +173,7 @@ def build_request(
         timeout_ms=timeout_ms,
     )
     if messages is not None:
-        request.messages.CopyFrom(
-            common_pb2.ChatMessages(
-                messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
-            )
-        )
+        request.messages.CopyFrom(chat_messages(messages))
     else:
         request.prompt = prompt or ""
     if seed is not None:

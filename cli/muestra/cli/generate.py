@@ -36,7 +36,7 @@ def add_sampling_arguments(parser) -> None:
 def _param(step: str, item: str) -> tuple[str, object]:
     key, sep, text = item.partition("=")
     if not sep or not key:
-        raise CliError(f"--sampler {step}: {item!r} is not KEY=VALUE (a prompt goes before --sampler, or after --)")
+        raise CliError(f"--sampler {step}: {item!r} is not KEY=VALUE (a prompt goes before --sampler, or after --)", 2)
     try:
         return key, json.loads(text)
     except ValueError:
@@ -53,7 +53,7 @@ def sampling_kwargs(args) -> dict:
     flags = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     if args.sampler and flags:
         given = ", ".join("--" + name.replace("_", "-") for name in flags)
-        raise CliError(f"--sampler gives the whole chain; leave out {given} (or add them as --sampler steps)")
+        raise CliError(f"--sampler gives the whole chain; leave out {given} (or add them as --sampler steps)", 2)
     return dict(
         model=args.model,
         max_tokens=args.max_tokens,
@@ -66,7 +66,7 @@ def sampling_kwargs(args) -> dict:
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("generate", help="stream a completion of a prompt from the gateway")
-    parser.add_argument("prompt", help="prompt text; - reads it from standard input")
+    parser.add_argument("prompt", nargs="?", help="prompt text; - reads it from standard input")
     add_sampling_arguments(parser)
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS (up to --max-tokens)")
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
@@ -85,6 +85,8 @@ def read_prompt(text: str) -> str:
 def run(args) -> int:
     args.gateway = gateway_address(args.gateway)
     kwargs = sampling_kwargs(args)
+    if args.prompt is None:
+        raise CliError("give a prompt, or - to read it from standard input", 2)
     prompt = read_prompt(args.prompt)
     messages = [{"role": "user", "content": prompt}] if args.chat else None
     with Client(args.gateway, api_key=api_key(args.api_key)) as client:

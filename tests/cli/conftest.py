@@ -1,0 +1,34 @@
+"""Helpers for the CLI tests: run `muestra` as a real process, and what a clean failure looks like."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+MUESTRA = [sys.executable, "-m", "muestra.cli"]
+
+
+@pytest.fixture(autouse=True)
+def no_running_stack(tmp_path, monkeypatch):
+    """Each test's commands see its own state file, not that of a `muestra up` the developer runs."""
+    monkeypatch.setenv("MUESTRA_STATE_FILE", str(tmp_path / "muestra-up.json"))
+    for name in ("MUESTRA_GATEWAY_ADDR", "MUESTRA_API_KEY", "MUESTRA_TOKENIZER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def muestra(*args: str, timeout: float = 120, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*MUESTRA, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, **kwargs
+    )
+
+
+def assert_fails_in_one_line(result, exit_code: int = 1) -> str:
+    """The command failed with `exit_code` and said why on one line of stderr, with no traceback; that line."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == exit_code, (result.returncode, result.stderr)
+    assert len(lines) == 1, result.stderr
+    return lines[0]

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.cli.conftest import MUESTRA
+from tests.harness import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-MUESTRA = [sys.executable, "-m", "muestra.cli"]
 
 
 def start_up(
@@ -36,6 +39,9 @@ def start_up(
         match = re.search(r"(\w+)\s+serving on (\S+) \(pid (\d+)\)", line)
         if match:
             services[match.group(1)] = (match.group(2), int(match.group(3)))
+        match = re.search(r"(\w+)\s+metrics on (\S+)", line)
+        if match:
+            services[f"{match.group(1)}-metrics"] = (match.group(2), 0)
         match = re.search(r"OpenAI API on (\S+)", line)
         if match:
             services["http"] = (match.group(1), 0)
@@ -73,7 +79,7 @@ def test_up_serves_the_default_models_and_stops_cleanly_on_ctrl_c(tmp_path):
             [*MUESTRA, "tokenize", "El cielo es azul", "--tokenizer", tokenizer_addr, "--json"],
             capture_output=True, text=True, timeout=60, env={**os.environ, "MUESTRA_INTERNAL_TOKEN": ""},
         )  # fmt: skip
-        assert "UNAUTHENTICATED" in refused.stdout, refused.stdout + refused.stderr
+        assert "UNAUTHENTICATED" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
         out = subprocess.run(
             [*MUESTRA, "tokenize", "El cielo es azul", "--tokenizer", tokenizer_addr, "--json"],
             capture_output=True, text=True, timeout=60, check=True,
@@ -86,13 +92,36 @@ def test_up_serves_the_default_models_and_stops_cleanly_on_ctrl_c(tmp_path):
             if pid:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                 assert not any(secret in cmdline for secret in secrets), name
+        # No --gateway: the commands find the stack through the state file muestra up wrote.
         gen = subprocess.run(
             [*MUESTRA, "generate", "El cielo es", "--max-tokens", "12", "--temperature", "0.7", "--top-p", "0.9",
-             "--seed", "1", "--json", "--gateway", services["gateway"][0]],
+             "--seed", "1", "--json"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert gen.returncode == 0, gen.stderr + "\n".join(lines)
         assert '"completion_tokens": 12' in gen.stdout
+        via_gateway = subprocess.run(
+            [*MUESTRA, "tokenize", "El cielo es azul", "--json"], capture_output=True, text=True, timeout=60
+        )
+        assert json.loads(via_gateway.stdout) == json.loads(out)
+        listed = subprocess.run([*MUESTRA, "models", "--json"], capture_output=True, text=True, timeout=60)
+        assert any(m["kind"] == "text" and m["replicas"] == 1 for m in json.loads(listed.stdout)), listed.stderr
+        # muestra plugins lists the running gateway's plugins, with descriptions, and the schedulers of its diffusion.
+        listed = subprocess.run([*MUESTRA, "plugins", "--json"], capture_output=True, text=True, timeout=60)
+        plugins = {p["name"]: p for p in json.loads(listed.stdout)}
+        assert plugins["mirostat"]["samplers"][0]["description"].startswith("Mirostat"), listed.stderr
+        if "diffusion" in services:
+            assert "euler_a" in {s["name"] for p in plugins.values() for s in p["schedulers"]}
+        # Every service's metrics URL is printed and serves (behind the internal token; the gateway's is open).
+        for name in ("tokenizer", "lm", "gateway"):
+            assert f"{name}-metrics" in services, "\n".join(lines)
+        token = token_file.read_text().strip()
+        for name in ("tokenizer", "gateway"):
+            request = urllib.request.Request(
+                services[f"{name}-metrics"][0], headers={"Authorization": f"Bearer {token}"}
+            )
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                assert reply.status == 200 and b"# TYPE" in reply.read()
         if "diffusion" in services:  # a default image model ships in models/muestra-image
             png = tmp_path / "seven.png"
             subprocess.run(
@@ -115,9 +144,14 @@ def test_up_serves_the_default_models_and_stops_cleanly_on_ctrl_c(tmp_path):
 def test_the_official_openai_streaming_example_runs_against_up(tmp_path):
     from openai import OpenAI
 
-    proc, services, lines = start_up(tmp_path, "--only", "tokenizer,lm,gateway")
+    metrics_port = free_port()
+    proc, services, lines = start_up(
+        tmp_path, "--only", "tokenizer,lm,gateway", env={"MUESTRA_GATEWAY_METRICS_PORT": str(metrics_port)}
+    )
     try:
         assert "http" in services, "\n".join(lines)
+        # A metrics port the environment sets is the one the gateway gets (and muestra up prints).
+        assert services["gateway-metrics"][0] == f"http://127.0.0.1:{metrics_port}/metrics"
         client = OpenAI(base_url=services["http"][0], api_key="unused")
         model = client.models.list().data[0].id
         stream = client.chat.completions.create(
@@ -152,7 +186,7 @@ def test_up_fails_fast_showing_the_dead_services_log(tmp_path):
         assert pid == 0 or not alive(pid), f"{name} (pid {pid}) outlived muestra up"
 
 
-@pytest.mark.parametrize("command", [["plugins"], ["--help"]])
+@pytest.mark.parametrize("command", [["plugins", "--local"], ["--help"]])
 def test_cli_commands_run(command):
     result = subprocess.run([*MUESTRA, *command], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

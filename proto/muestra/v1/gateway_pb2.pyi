@@ -222,10 +222,12 @@ class PluginInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ..., disabled: _Optional[bool] = ..., samplers: _Optional[_Iterable[str]] = ..., schedulers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListPluginsResponse(_message.Message):
-    __slots__ = ("plugins",)
+    __slots__ = ("plugins", "unanswered_image_models")
     PLUGINS_FIELD_NUMBER: _ClassVar[int]
+    UNANSWERED_IMAGE_MODELS_FIELD_NUMBER: _ClassVar[int]
     plugins: _containers.RepeatedCompositeFieldContainer[PluginInfo]
-    def __init__(self, plugins: _Optional[_Iterable[_Union[PluginInfo, _Mapping]]] = ...) -> None: ...
+    unanswered_image_models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, plugins: _Optional[_Iterable[_Union[PluginInfo, _Mapping]]] = ..., unanswered_image_models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "prompt", "messages", "add_special_tokens")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import secrets
 import time
@@ -24,6 +25,8 @@ from muestra.runtime.deadlines import within
 from muestra.runtime.errors import DeadlineExceeded, InvalidArgument, Unavailable, check_limit
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import diffusion_pb2, gateway_pb2, gateway_pb2_grpc, tokenizer_pb2
+
+log = logging.getLogger("muestra.gateway")
 
 
 def _value(value: struct_pb2.Value):
@@ -276,11 +279,15 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
 
     async def ListPlugins(self, request, context):
         plugins = {plugin.name: plugin.to_proto() for plugin in self.samplers.plugins()}
+        unanswered = []
         for model in self.registry.image.values():  # schedulers load in the diffusion services
             try:
                 reply = await model.stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=5)
             except grpc.aio.AioRpcError as exc:
-                raise grpc_error_to_muestra(exc) from exc
+                # The samplers are still worth listing: say whose schedulers are missing instead.
+                log.warning("ListPlugins: the diffusion service of %r did not answer (%s)", model.name, exc.code().name)
+                unanswered.append(model.name)
+                continue
             for scheduler in reply.schedulers:
                 info = plugins.setdefault(
                     scheduler.plugin,
@@ -290,4 +297,4 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
                 )
                 if scheduler.name not in info.schedulers:
                     info.schedulers.append(scheduler.name)
-        return gateway_pb2.ListPluginsResponse(plugins=list(plugins.values()))
+        return gateway_pb2.ListPluginsResponse(plugins=list(plugins.values()), unanswered_image_models=unanswered)

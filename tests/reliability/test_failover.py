@@ -11,7 +11,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.stack import LocalStack
-from muestra.v1 import gateway_pb2, gateway_pb2_grpc
+from muestra.runtime.channels import metadata_interceptors
+from muestra.v1 import gateway_pb2, gateway_pb2_grpc, lm_pb2, lm_pb2_grpc
 from tests.reliability.stutter import stuttering
 
 pytestmark = pytest.mark.slow
@@ -67,6 +68,17 @@ async def all_replicas_up(stack: LocalStack, stub, timeout: float = 60.0) -> Non
     while await gateway_replicas(stub) < len(stack.lm):
         assert time.monotonic() < deadline, "a replica did not rejoin"
         await asyncio.sleep(0.2)
+
+
+async def lm_idle(stack: LocalStack, lm, timeout: float = 10.0) -> None:
+    """Wait until the lm replica holds no rows."""
+    interceptors = metadata_interceptors(stack.internal_token)
+    async with grpc.aio.insecure_channel(lm.address, interceptors=interceptors) as channel:
+        stub = lm_pb2_grpc.LanguageModelStub(channel)
+        deadline = time.monotonic() + timeout
+        while (await stub.Describe(lm_pb2.DescribeModelRequest(), timeout=5)).load.rows:
+            assert time.monotonic() < deadline, f"{lm.address} still holds rows"
+            await asyncio.sleep(0.02)
 
 
 async def complete(stub, prompt: str, max_tokens: int = 12, timeout: float = 30.0):
@@ -177,6 +189,9 @@ def test_a_request_that_streamed_nothing_moves_off_a_replica_that_dies(two_repli
             await all_replicas_up(stack, stub)
             reference, replica = await complete(stub, prompt, max_tokens=16)
             assert replica == lm0.address  # both idle: the first replica; the prompt's prefix now prefers it
+            # The scheduler frees the finished batch after the client has its answer: pausing lm0 before
+            # that would hold the new request in lm0's queue, which a failed health check empties early.
+            await lm_idle(stack, lm0)
             lm0.pause()  # its prefill will not answer
             stuck = Stream(stub, prompt, max_tokens=16)
             await asyncio.sleep(1.5)

@@ -317,6 +317,8 @@ class ReplicaScheduler:
                 )
             ]
         )
+        # The lm frees a lease's batches when its step stream breaks: have one open before holding any.
+        self.batch_stream.open()
         with self.progress.waiting_for(f"{self.name} Prefill"):
             try:
                 reply = await self.replica.stub.Prefill(

@@ -91,11 +91,15 @@ class StepStream:
                 self.close()
                 raise _as_rpc_error(exc) from exc
 
-    async def _exchange(self, request, timeout_s: float):
+    def open(self) -> None:
+        """Open the stream now if none is open (the lm frees a lease's batches when its stream breaks)."""
         if self._call is None:
             # The stream outlives the request that happens to open it: it carries no request's id.
             with request_id_scope("-"):
                 self._call = self._open_stream()
+
+    async def _exchange(self, request, timeout_s: float):
+        self.open()
         call = self._call
         try:
             reply = await within(timeout_s, _write_then_read(call, request))

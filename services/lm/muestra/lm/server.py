@@ -187,21 +187,19 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
     async def BatchSteps(self, request_iterator, context):
         lease = lease_of(context)
         self._streams[lease] = self._streams.get(lease, 0) + 1
-        ended_well = False
         try:
             async for request in until_drained(request_iterator):
                 # One stream serves many requests: each step's log lines name the requests of its rows.
                 with request_id_scope(joined_request_ids(self.engine.request_ids(_batch_ids(request), lease))):
                     reply = await self._batch_step(request, context)
                 yield reply
-            ended_well = True
         finally:
             self._streams[lease] -= 1
             if not self._streams[lease]:
                 del self._streams[lease]
-                if lease and not ended_well:
-                    # The caller cancelled the stream or went away (or a step failed, which ends it):
-                    # nobody will step or clear this lease's batches.
+                # However the last stream ended (a caller that dies can read as one that closed its side:
+                # grpc ends the request stream either way), nobody will step or clear this lease's batches.
+                if lease:
                     asyncio.get_running_loop().create_task(self._release(lease))
 
     async def _batch_step(self, request: lm_pb2.BatchStepRequest, context) -> lm_pb2.BatchStepResponse:
@@ -224,7 +222,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         batches, rows = await self._on_model_thread(self.engine.release, lease)
         if batches:
             metrics.ABANDONED.labels("stream ended").inc(batches)
-            log.warning("freed %d batch(es) (%d rows) of lease %s: its step stream broke", batches, rows, lease)
+            log.warning("freed %d batch(es) (%d rows) of lease %s: its step stream ended", batches, rows, lease)
 
     async def expire_idle_batches(self) -> None:
         """Every SWEEP_S, free batches unused for batch_idle_s (their caller left without a Clear)."""

@@ -71,10 +71,23 @@ def _read_json(path: Path) -> dict:
         raise ModelFolderError(f"{path.name} is not readable JSON: {exc}") from exc
 
 
+# Where an NVIDIA driver shows itself; without one, CUDA cannot start whatever libraries are installed.
+_NVIDIA_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
+
+
+def nvidia_driver_present() -> bool:
+    return any(Path(path).exists() for path in _NVIDIA_DRIVER_PATHS)
+
+
 def resolve_providers(requested: str) -> list[str]:
     """Turn the `providers` setting into onnxruntime provider names, in priority order."""
     available = ort.get_available_providers()
     if requested.strip().lower() == "auto":
+        # onnxruntime-gpu lists CUDA wherever it is installed; asking it for CUDA on a machine with no
+        # driver only prints its library-loading errors before falling back to the CPU.
+        if "CUDAExecutionProvider" in available and not nvidia_driver_present():
+            log.info("no NVIDIA driver on this machine: not asking onnxruntime for CUDA")
+            available = [p for p in available if p != "CUDAExecutionProvider"]
         return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
     names = [_PROVIDER_ALIASES.get(p.strip().lower(), p.strip()) for p in requested.split(",") if p.strip()]
     missing = [n for n in names if n not in available]

@@ -330,3 +330,39 @@ def test_row_context_keeps_prompt_and_output(sampler_registry):
     fork.append(99)
     assert len(context.output_ids) == 40 and fork.output_ids[-1] == 99
     assert softmax(np.array([[0.0, -np.inf]], dtype=np.float32)).tolist() == [[1.0, 0.0]]
+
+
+def test_rows_rerun_after_a_failure_in_their_group_draw_as_if_they_had_run_alone(sampler_registry):
+    class RandomDrop(LogitsProcessor):  # draws from each row's generator, as XTC must
+        name = "random_drop"
+        description = "Removes one random token per row; raises for the whole batch if a row says fail."
+
+        def process(self, logits, params, rows):
+            for k, row in enumerate(rows):
+                logits[k, row.rng.integers(logits.shape[-1])] = -np.inf
+                row.state["drops"] = row.state.get("drops", 0) + 1
+            if any(p["fail"] for p in params):
+                raise ValueError("this batch holds a failing row")
+            return logits
+
+    sample = chain_of(sampler_registry, ("temperature", {"temperature": 1.0}))
+    drop = RandomDrop()
+
+    def chain(fail: bool):
+        return type(sample)((type(sample.last)(drop, {"fail": fail}),), sample.last)
+
+    def fresh(fail: bool, seed: int = 5):
+        return new_rows(chain(fail), [1, 2], seed)[0]
+
+    alone = fresh(False)
+    expected = [int(sample_next_tokens([alone], step_logits(s)).token_ids[0]) for s in range(4)]
+    good, bad = fresh(False), fresh(True, seed=6)
+    assert good.chain.shape == bad.chain.shape  # one group: they are tried together first
+    tokens = []
+    for s in range(4):
+        result = sample_next_tokens([good, bad], step_logits(s, rows=2))
+        assert result.errors[1] and "failing row" in result.errors[1] and result.errors[0] is None
+        tokens.append(int(result.token_ids[0]))
+    assert tokens == expected
+    assert good.context.rng.bit_generator.state == alone.context.rng.bit_generator.state
+    assert good.context.state == alone.context.state == {"drops": 4}

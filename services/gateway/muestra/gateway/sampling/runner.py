@@ -10,6 +10,7 @@ in the top alternatives.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -111,10 +112,14 @@ def sample_next_tokens(
             result.errors[i] = "internal: the lm service returned no logits for a row that needs them"
     for _, members in group_rows([rows[i].chain.shape for i in with_logits]):
         index = [with_logits[m] for m in members]
+        saved = [_saved(rows[i].context) for i in index]
         try:
             _run_chain(rows, index, logits, logits_row, result)
         except Exception:  # noqa: BLE001 - retried row by row below, where it is logged
-            # Isolate the failing rows: the others of the group still get their tokens.
+            # Isolate the failing rows: the others of the group still get their tokens, the same ones
+            # (their generators and sampler state are put back as they were before the failed try).
+            for i, snapshot in zip(index, saved, strict=True):
+                _restore(rows[i].context, snapshot)
             for i in index:
                 try:
                     _run_chain(rows, [i], logits, logits_row, result)
@@ -126,6 +131,15 @@ def sample_next_tokens(
         if result.errors[i] is None:
             row.context.append(int(result.token_ids[i]))
     return result
+
+
+def _saved(context: RowContext) -> tuple[dict, dict]:
+    """What a step may change in a row besides its ids: the generator's position and sampler state."""
+    return context.rng.bit_generator.state, copy.deepcopy(context.state) if context.state else {}
+
+
+def _restore(context: RowContext, saved: tuple[dict, dict]) -> None:
+    context.rng.bit_generator.state, context.state = saved
 
 
 def _run_chain(rows, index: list[int], logits: np.ndarray, logits_row, result: StepResult) -> None:

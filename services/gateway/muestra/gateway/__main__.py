@@ -8,7 +8,7 @@ import logging
 import time
 
 from muestra.gateway.config import GatewayConfig
-from muestra.gateway.models import ModelRegistry
+from muestra.gateway.models import BackendError, ModelRegistry
 from muestra.gateway.sampling import SamplerRegistry
 from muestra.gateway.server import GatewayServicer
 from muestra.runtime import ServiceSpec, load_config, run_service
@@ -30,7 +30,10 @@ def main(argv: list[str] | None = None) -> None:
     async def register(server) -> list[str]:
         samplers = SamplerRegistry.load()
         log.info("samplers: %s", ", ".join(samplers.names()))
-        await registry.connect(config)
+        try:
+            await registry.connect(config)
+        except BackendError as exc:
+            raise SystemExit(f"muestra-gateway: {exc}") from None
         servicer = GatewayServicer(config, registry, samplers)
         servicers.append(servicer)
         for router in servicer.routers.values():

@@ -14,11 +14,12 @@ def _f(default, help_text: str):
 
 @dataclasses.dataclass
 class GatewayConfig(ServiceConfig):
-    tokenizer_addr: str = _f("127.0.0.1:50052", "tokenizer service address (default text model)")
+    tokenizer_addr: str = _f("", "tokenizer service address of the default text model (empty: 127.0.0.1:50052)")
     lm_addr: str = _f(
-        "127.0.0.1:50053",
+        "",
         "lm replicas, comma-separated host:port; a name that resolves to several addresses (compose --scale, "
-        "a Kubernetes headless Service) is one replica per address, re-resolved every health interval",
+        "a Kubernetes headless Service) is one replica per address, re-resolved every health interval "
+        "(empty: 127.0.0.1:50053, or no text model when only --diffusion-addr is given)",
     )
     diffusion_addr: str = _f("", "diffusion service address (empty: no image model)")
     models_config: str = _f("", "JSON file mapping model names to endpoints (several models)")

@@ -85,27 +85,47 @@ def _endpoints_from_config(config) -> tuple[dict, dict]:
         spec = json.loads(Path(config.models_config).read_text())
         return spec.get("text", {}), spec.get("image", {})
     lm = [a.strip() for a in config.lm_addr.split(",") if a.strip()]
-    # An empty --lm-addr makes an image-only gateway.
-    text = {"": {"tokenizer": config.tokenizer_addr, "lm": lm}} if lm else {}
+    if not lm and not config.diffusion_addr:
+        lm = [DEFAULT_LM_ADDR]
+    # With only --diffusion-addr given, the gateway serves images alone.
+    text = {"": {"tokenizer": config.tokenizer_addr or DEFAULT_TOKENIZER_ADDR, "lm": lm}} if lm else {}
     image = {"": {"diffusion": config.diffusion_addr}} if config.diffusion_addr else {}
     return text, image
 
 
 # Each start-up call to a backend gets this long before it is tried again.
 _CONNECT_CALL_S = 10.0
+DEFAULT_LM_ADDR = "127.0.0.1:50053"
+DEFAULT_TOKENIZER_ADDR = "127.0.0.1:50052"
+
+
+class BackendError(Exception):
+    """A backend the gateway was told to use cannot be used; the message says which and what to change."""
 
 
 def _describe_lm(replica: LmReplica):
     return replica.stub.Describe(lm_pb2.DescribeModelRequest(), timeout=_CONNECT_CALL_S)
 
 
-async def _retry(what: str, call, deadline: float):
+async def _retry(what: str, call, deadline: float, setting: str):
+    """call() until it answers; a backend still not answering at `deadline` is a BackendError naming `setting`."""
+    waiting = False
     while True:
         try:
             return await call()
         except grpc.aio.AioRpcError as exc:
-            if asyncio.get_running_loop().time() > deadline:
-                raise RuntimeError(f"{what} unreachable: {exc.code().name} {exc.details()}") from exc
+            loop = asyncio.get_running_loop()
+            if loop.time() > deadline:
+                raise BackendError(
+                    f"{what} did not answer ({exc.code().name}: {exc.details()}); "
+                    f"check that it runs, or change {setting}"
+                ) from None
+            if not waiting:
+                waiting = True
+                log.warning(
+                    "waiting up to %.0f s for %s (%s); %s sets its address", deadline - loop.time(), what,
+                    exc.code().name, setting,
+                )  # fmt: skip
             await asyncio.sleep(0.5)
 
 
@@ -129,6 +149,10 @@ class ModelRegistry:
         deadline = asyncio.get_running_loop().time() + config.startup_timeout_s
         self.internal_token = config.internal_token
         text_spec, image_spec = _endpoints_from_config(config)
+        from_file = f"the models config {config.models_config}" if config.models_config else ""
+        lm_setting = from_file or "--lm-addr (MUESTRA_GATEWAY_LM_ADDR)"
+        tokenizer_setting = from_file or "--tokenizer-addr (MUESTRA_GATEWAY_TOKENIZER_ADDR)"
+        diffusion_setting = from_file or "--diffusion-addr (MUESTRA_GATEWAY_DIFFUSION_ADDR)"
         prefix_health = None
         if config.prefix_cache_block_size > 0 and config.redis_url:
             self._redis = open_redis(config.redis_url, config.redis_timeout_s, config.redis_password)
@@ -141,14 +165,17 @@ class ModelRegistry:
                 LmReplica(addr, lm_pb2_grpc.LanguageModelStub(channel), channel)
                 for addr, channel in zip(addresses, channels, strict=True)
             ]
-            lm_info = await _retry(f"lm {spec['lm'][0]}", lambda r=replicas[0]: _describe_lm(r), deadline)
+            lm_info = await _retry(
+                f"the lm service at {spec['lm'][0]}", lambda r=replicas[0]: _describe_lm(r), deadline, lm_setting
+            )
             tok_model = spec.get("tokenizer_model", "")
             tok_info = await _retry(
-                f"tokenizer {spec['tokenizer']}",
+                f"the tokenizer service at {spec['tokenizer']}",
                 lambda t=tokenizer, m=tok_model: t.Describe(
                     tokenizer_pb2.DescribeTokenizerRequest(model=m), timeout=_CONNECT_CALL_S
                 ),
                 deadline,
+                tokenizer_setting,
             )
             model = TextModel(
                 name=name or lm_info.model,
@@ -165,9 +192,14 @@ class ModelRegistry:
                 targets=tuple(spec["lm"]),
             )
             for replica in replicas[1:]:
-                other = await _retry(f"lm {replica.address}", lambda r=replica: _describe_lm(r), deadline)
+                other = await _retry(
+                    f"the lm service at {replica.address}", lambda r=replica: _describe_lm(r), deadline, lm_setting
+                )
                 if other.fingerprint != model.fingerprint:
-                    raise RuntimeError(f"lm replicas of {model.name} serve different models: {replica.address}")
+                    raise BackendError(
+                        f"lm replicas of {model.name} serve different models ({replica.address} differs); "
+                        f"check {lm_setting}"
+                    )
             if config.prefix_cache_block_size > 0:
                 model.prefix_cache = PrefixLookup(
                     model.name, model.fingerprint, config.prefix_cache_block_size,
@@ -196,14 +228,16 @@ class ModelRegistry:
         for name, spec in image_spec.items():
             stub = diffusion_pb2_grpc.DiffusionStub(self._channel(spec["diffusion"], config.max_message_bytes))
             info = await _retry(
-                f"diffusion {spec['diffusion']}",
+                f"the diffusion service at {spec['diffusion']}",
                 lambda s=stub: s.Describe(diffusion_pb2.DescribeDiffusionRequest(), timeout=_CONNECT_CALL_S),
                 deadline,
+                diffusion_setting,
             )
             schedulers = await _retry(
-                f"diffusion {spec['diffusion']}",
+                f"the diffusion service at {spec['diffusion']}",
                 lambda s=stub: s.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=_CONNECT_CALL_S),
                 deadline,
+                diffusion_setting,
             )
             names = {n for s in schedulers.schedulers for n in (s.name, *s.aliases)}
             model = ImageModel(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc
 from tests.diffusion.client import generate, rpc_error
 
 
@@ -47,3 +48,16 @@ def test_the_service_keeps_serving_after_bad_requests(diffusion_service):
     for _ in range(3):
         rpc_error(diffusion_service.address, prompt="a cat", width=33)
     assert len(generate(diffusion_service.address, prompt="a cat", steps=2, seed=1).images) == 1
+
+
+def test_a_size_far_above_the_models_trained_size_is_refused_naming_that_size(diffusion_service):
+    with grpc.insecure_channel(diffusion_service.address) as channel:
+        info = diffusion_pb2_grpc.DiffusionStub(channel).Describe(diffusion_pb2.DescribeDiffusionRequest(), timeout=10)
+    native = info.default_width
+    error = rpc_error(diffusion_service.address, prompt="a cat", steps=1, width=native * 4 + 8)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("width: ")
+    assert f"the {native}x{info.default_height} the model was trained at" in error.details()
+    assert f"at most {native * 4}" in error.details() and "--max-size-factor" in error.details()
+    # four times the side is still served
+    assert len(generate(diffusion_service.address, prompt="a cat", steps=1, seed=1, width=native * 4).images) == 1

@@ -34,6 +34,10 @@ class DiffusionConfig(ServiceConfig):
     min_size: int = dataclasses.field(default=64, metadata={"help": "smallest width or height in pixels"})
     max_width: int = dataclasses.field(default=2048, metadata={"help": "largest width in pixels"})
     max_height: int = dataclasses.field(default=2048, metadata={"help": "largest height in pixels"})
+    max_size_factor: float = dataclasses.field(
+        default=4.0,
+        metadata={"help": "largest width or height as a multiple of the model's trained size (0: no such limit)"},
+    )
     max_steps: int = dataclasses.field(default=150, metadata={"help": "most denoising steps per image"})
     max_images: int = dataclasses.field(default=8, metadata={"help": "most images per request"})
     max_prompt_bytes: int = dataclasses.field(

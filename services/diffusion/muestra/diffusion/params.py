@@ -26,6 +26,10 @@ class Limits:
     max_steps: int
     max_images: int
     max_prompt_bytes: int
+    # The size the model was trained at, and how many times its side a request may ask (0: any).
+    native_width: int = 0
+    native_height: int = 0
+    max_size_factor: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +76,17 @@ def _check_size(field: str, value: int, default: int, low: int, high: int) -> in
         raise InvalidArgument(field, f"must be a multiple of 8, got {value}")
     check_limit(field, value, low, high)
     return value
+
+
+def _check_native(field: str, value: int, native: int, limits: Limits) -> None:
+    """A side far above the model's training size costs minutes and draws tiled nonsense: refuse it."""
+    factor = limits.max_size_factor
+    if factor > 0 and native and value > native * factor:
+        raise InvalidArgument(
+            field,
+            f"{value} is more than {factor:g}x the {limits.native_width}x{limits.native_height} the model was "
+            f"trained at (at most {int(native * factor)} here; the service's --max-size-factor sets this)",
+        )
 
 
 def _check_finite(field: str, value: struct_pb2.Struct | struct_pb2.ListValue | struct_pb2.Value) -> None:
@@ -145,6 +160,8 @@ def parse_image_request(
     _check_text("negative_prompt", request.negative_prompt, limits.max_prompt_bytes)
     width = _check_size("width", request.width, defaults.width, limits.min_size, limits.max_width)
     height = _check_size("height", request.height, defaults.height, limits.min_size, limits.max_height)
+    _check_native("width", width, limits.native_width, limits)
+    _check_native("height", height, limits.native_height, limits)
     steps = request.steps or defaults.steps
     check_limit("steps", steps, 1, limits.max_steps)
     num_images = request.num_images or 1

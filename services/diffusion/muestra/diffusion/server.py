@@ -54,6 +54,9 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             max_steps=config.max_steps,
             max_images=config.max_images,
             max_prompt_bytes=config.max_prompt_bytes,
+            native_width=engine.default_width,
+            native_height=engine.default_height,
+            max_size_factor=config.max_size_factor,
         )
         self.defaults = Defaults(
             model=engine.name,

@@ -131,14 +131,19 @@ def chat_messages(messages: Iterable[Mapping[str, str]]) -> common_pb2.ChatMessa
     )
 
 
-def build_tokenize_request(
-    prompt: str | None, messages: Iterable[Mapping[str, str]] | None, model: str, add_special_tokens: bool | None
-) -> gateway_pb2.TokenizeRequest:
-    request = gateway_pb2.TokenizeRequest(model=model)
+def _set_input(request, prompt: str | None, messages: Iterable[Mapping[str, str]] | None) -> None:
+    """The request's prompt or chat messages (the same oneof in GenerateRequest and TokenizeRequest)."""
     if messages is not None:
         request.messages.CopyFrom(chat_messages(messages))
     else:
         request.prompt = prompt or ""
+
+
+def build_tokenize_request(
+    prompt: str | None, messages: Iterable[Mapping[str, str]] | None, model: str, add_special_tokens: bool | None
+) -> gateway_pb2.TokenizeRequest:
+    request = gateway_pb2.TokenizeRequest(model=model)
+    _set_input(request, prompt, messages)
     if add_special_tokens is not None:
         request.add_special_tokens = add_special_tokens
     return request
@@ -172,10 +177,7 @@ def build_request(
         ignore_eos=ignore_eos,
         timeout_ms=timeout_ms,
     )
-    if messages is not None:
-        request.messages.CopyFrom(chat_messages(messages))
-    else:
-        request.prompt = prompt or ""
+    _set_input(request, prompt, messages)
     if seed is not None:
         request.seed = seed
     for spec in sampler_chain(samplers, **sampling):

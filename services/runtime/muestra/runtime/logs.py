@@ -62,11 +62,12 @@ _SHOWN_IDS = 4
 
 def joined_request_ids(ids) -> str:
     """Several requests' ids as one log field: the first few, then how many more ("a,b,c,d+3")."""
-    unique = list(dict.fromkeys(i for i in ids if i and valid_request_id(i)))
-    if not unique:
-        return "-"
-    shown = ",".join(unique[:_SHOWN_IDS])
-    return shown if len(unique) <= _SHOWN_IDS else f"{shown}+{len(unique) - _SHOWN_IDS}"
+    # Runs once per decode step: only the ids that are shown are checked (the others are only counted).
+    unique = [i for i in dict.fromkeys(ids) if i]
+    shown = ",".join(i for i in unique[:_SHOWN_IDS] if valid_request_id(i))
+    if len(unique) <= _SHOWN_IDS:
+        return shown or "-"
+    return f"{shown or '-'}+{len(unique) - _SHOWN_IDS}"
 
 
 def request_id_from_metadata(metadata) -> str | None:

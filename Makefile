@@ -11,12 +11,20 @@ $(STAMP): requirements-dev.txt $(wildcard */pyproject.toml */*/pyproject.toml)
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $(STAMP)
 
-dev: $(STAMP)                 ## install everything for development
+# onnxruntime-genai's model builder in a venv of its own (it needs the CPU onnxruntime).
+GENAI_STAMP := .venv-genai/.installed
+$(GENAI_STAMP): requirements-genai.txt
+	test -x .venv-genai/bin/python || python3 -m venv .venv-genai
+	.venv-genai/bin/python -m pip install -q --upgrade pip
+	.venv-genai/bin/python -m pip install -q -r requirements-genai.txt
+	touch $(GENAI_STAMP)
+
+dev: $(STAMP) $(GENAI_STAMP)  ## install everything for development
 
 up: $(STAMP)                  ## start every service on loopback with the default models
 	.venv/bin/muestra up
 
-test: $(STAMP)                ## run the test suite (starts its own redis-server and services)
+test: $(STAMP) $(GENAI_STAMP) ## run the test suite (starts its own redis-server and services)
 	scripts/ensure_redis.sh
 	$(PY) -m pytest
 

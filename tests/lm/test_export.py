@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from tests.fixtures.lm_models import EXTRA_FAMILIES, LM_FAMILIES
+from tests.fixtures.lm_models import EXTRA_FAMILIES, LM_FAMILIES, VARIANTS
 
 TOLERANCE = 1e-4
 
@@ -57,7 +57,7 @@ def prompt(seed: int, length: int) -> list[int]:
     return np.random.default_rng(seed).integers(2, 1000, size=length).tolist()
 
 
-@pytest.mark.parametrize("family", LM_FAMILIES + EXTRA_FAMILIES)
+@pytest.mark.parametrize("family", LM_FAMILIES + EXTRA_FAMILIES + VARIANTS)
 def test_prefill_and_decode_logits_equal_torch_at_batch_one(tiny_lm, family):
     lm = tiny_lm(family)
     sess, model = session(lm.onnx_dir), lm.torch_model()
@@ -70,7 +70,7 @@ def test_prefill_and_decode_logits_equal_torch_at_batch_one(tiny_lm, family):
     np.testing.assert_allclose(logits[0, -1], torch_last_logits(model, ids), atol=TOLERANCE, rtol=0)
 
 
-@pytest.mark.parametrize("family", LM_FAMILIES + EXTRA_FAMILIES)
+@pytest.mark.parametrize("family", LM_FAMILIES + EXTRA_FAMILIES + VARIANTS)
 def test_left_padded_batch_equals_each_prompt_alone(tiny_lm, family):
     lm = tiny_lm(family)
     sess, model = session(lm.onnx_dir), lm.torch_model()

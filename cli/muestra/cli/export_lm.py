@@ -14,6 +14,13 @@ def add_parser(sub) -> None:
     parser.add_argument("--quantize", choices=["int8"], default=None)
     parser.add_argument("--eval-text", default=None, help="text file: report perplexity (and its change with int8)")
     parser.add_argument("--all-logits", action="store_true", help="emit logits for every position, not just the last")
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the context length the lm serves (default: the model's, from its config)",
+    )
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(run=run)
 
@@ -34,6 +41,7 @@ def run(args) -> int:
             eval_text=eval_text,
             progress=not args.quiet,
             last_logits_only=not args.all_logits,
+            max_context=args.context_length,
         )
     except ExportError as exc:
         print(f"muestra export-lm: {exc}", file=sys.stderr)

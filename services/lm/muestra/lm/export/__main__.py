@@ -24,6 +24,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="emit logits for every position ([batch, seq, vocab]) instead of only the last ([batch, 1, vocab])",
     )
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the context length the lm serves (default: the model's, from its config)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     try:
@@ -36,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             eval_text=eval_text,
             progress=not args.quiet,
             last_logits_only=not args.all_logits,
+            max_context=args.context_length,
         )
     except (ExportError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -20,10 +20,12 @@ from muestra.lm.export import checks
 from muestra.lm.export.families import (
     FAMILIES,
     FlatCacheLM,
+    context_length,
     dynamic_axes,
     input_names,
     kv_shape,
     output_names,
+    static_rope,
 )
 from muestra.lm.export.quantize import quantize_int8
 
@@ -69,8 +71,13 @@ def export_lm(
     eval_text: str | None = None,
     progress: bool = True,
     last_logits_only: bool = True,
+    max_context: int = 0,
 ) -> Path:
-    """Export the causal LM in `src` to `out` (which must not exist or be empty) and return `out`."""
+    """Export the causal LM in `src` to `out` (which must not exist or be empty) and return `out`.
+
+    `max_context` > 0 sets the context length the lm serves, where the config names none or to
+    serve less than the config's.
+    """
     src, out = Path(src), Path(out)
     if dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -90,8 +97,12 @@ def export_lm(
         except Exception as exc:  # safetensors, torch and transformers each raise their own kinds
             raise ExportError(f"could not load a transformers causal LM from {src}: {exc}") from exc
     model.eval()
-    kv = kv_shape(config)
-    eval_ids = _eval_token_ids(src, eval_text, config) if eval_text is not None else None
+    if family.refuse is not None and (reason := family.refuse(config)):
+        raise ExportError(f"{src}: {reason}")
+    context, context_source = _context(family, config, max_context)
+    kv = kv_shape(model)
+    log.info(f"context length {context} ({context_source})")
+    eval_ids = _eval_token_ids(src, eval_text, context) if eval_text is not None else None
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -109,6 +120,8 @@ def export_lm(
             "num_layers": kv.num_layers,
             "num_kv_heads": kv.num_kv_heads,
             "head_dim": kv.head_dim,
+            "context_length": context,
+            "context_length_source": context_source,
             "external_data": external,
             "exporter": {"torch": torch.__version__, "transformers": transformers.__version__, "opset": OPSET},
         }
@@ -136,6 +149,19 @@ def export_lm(
     return out
 
 
+def _context(family, config, max_context: int) -> tuple[int, str]:
+    length, source = context_length(family, config)
+    if max_context < 0:
+        raise ExportError(f"context length must be > 0, got {max_context}")
+    if max_context:
+        if length is not None and max_context > length:
+            raise ExportError(f"context length {max_context} exceeds the model's {length} ({source})")
+        return max_context, "set when exporting"
+    if length is None:
+        raise ExportError(f"{source}; give the length the model was trained at with --context-length N")
+    return length, source
+
+
 def _check_source(src: Path):
     if not src.is_dir():
         raise ExportError(f"source {src} is not a folder")
@@ -159,7 +185,7 @@ def _export_graph(model, family, num_layers: int, last_logits_only: bool, stagin
     """Trace the wrapped model and write staging/model.onnx; returns whether the weights went to external data."""
     # eval() on the wrapper too: the exporter restores the wrapper's mode afterwards, recursively.
     wrapper = FlatCacheLM(model, family, num_layers, last_logits_only).eval()
-    kv = kv_shape(model.config)
+    kv = kv_shape(model)
     # Distinct sizes on every dynamic axis, so the tracer cannot confuse one axis with another.
     batch, seq, past = 2, 3, 5
     ids = torch.randint(2, model.config.vocab_size, (batch, seq))
@@ -172,7 +198,7 @@ def _export_graph(model, family, num_layers: int, last_logits_only: bool, stagin
         args.append(torch.randn(batch, kv.num_kv_heads, past, kv.head_dim, dtype=dtype))
     raw_dir = staging / "raw"
     raw_dir.mkdir()
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), static_rope(model):
         warnings.simplefilter("ignore")
         torch.onnx.export(
             wrapper,
@@ -247,13 +273,10 @@ def _relocate_external_data(model_path: Path, location: str) -> None:
     onnx.save_model(graph, str(model_path))
 
 
-def _eval_token_ids(src: Path, eval_text: str, config) -> list[int]:
+def _eval_token_ids(src: Path, eval_text: str, context: int) -> list[int]:
     tokenizer = AutoTokenizer.from_pretrained(src)
     ids = tokenizer(eval_text)["input_ids"]
-    limit = min(
-        EVAL_MAX_TOKENS,
-        getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", EVAL_MAX_TOKENS),
-    )
+    limit = min(EVAL_MAX_TOKENS, context)
     if len(ids) < 2:
         raise ExportError("eval_text must tokenize to at least two tokens")
     return ids[:limit]

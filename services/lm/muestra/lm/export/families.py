@@ -2,47 +2,139 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig
 
+# Rotary kinds whose frequencies change with the sequence length at run time (transformers recomputes
+# them in forward); a traced graph keeps the short-sequence ones, so such a model is served up to
+# the length it was trained at before scaling.
+DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
+# BigScience trained every BLOOM at 2,048 tokens; BLOOM's config names no length (ALiBi has no position table).
+BLOOM_TRAINED_CONTEXT = 2048
+
 
 @dataclass(frozen=True)
 class Family:
-    """How one `config.model_type` maps onto the ONNX layout."""
+    """How one `config.model_type` maps onto the ONNX layout: only where families differ.
+
+    Everything else (attention, norms, MLP, soft-capping, sliding windows, the KV geometry) is
+    transformers' own code, traced as it runs; the exporter checks each graph against it.
+    """
 
     name: str
     # ALiBi families (BLOOM) derive positions from the attention mask, so the graph has no position_ids input.
-    position_ids: bool
+    position_ids: bool = True
+    # The config fields that give the trained context length, first one set wins.
+    context_fields: tuple[str, ...] = ("max_position_embeddings",)
+    # The context length when the config names none.
+    trained_context: int | None = None
+    # Returns why this config cannot be exported (a variant of the family we do not trace), or None.
+    refuse: Callable[[PretrainedConfig], str | None] | None = None
+
+
+def _falcon_refusal(config: PretrainedConfig) -> str | None:
+    if getattr(config, "alibi", False):
+        return (
+            "Falcon with alibi=true (the falcon-rw models) is not supported: transformers rounds its ALiBi "
+            "slopes through bfloat16, which the ONNX exporter cannot trace; Falcon with rotary positions "
+            "(alibi=false: Falcon 7B/40B/180B, Falcon 2, Falcon 3) is"
+        )
+    return None
 
 
 FAMILIES: dict[str, Family] = {
-    "llama": Family("llama", position_ids=True),
-    "qwen2": Family("qwen2", position_ids=True),
-    "mistral": Family("mistral", position_ids=True),
-    "gpt2": Family("gpt2", position_ids=True),
-    "bloom": Family("bloom", position_ids=False),
+    family.name: family
+    for family in (
+        Family("llama"),
+        Family("qwen2"),
+        Family("qwen3"),
+        Family("mistral"),
+        Family("phi3"),
+        Family("gemma"),
+        Family("gemma2"),
+        Family("gpt_neox"),
+        Family("stablelm"),
+        Family("opt"),
+        Family("falcon", refuse=_falcon_refusal),
+        Family("gpt2", context_fields=("n_positions", "n_ctx")),
+        Family("bloom", position_ids=False, context_fields=("seq_length",), trained_context=BLOOM_TRAINED_CONTEXT),
+    )
 }
+
+
+def rope_type(config: PretrainedConfig) -> str:
+    """The config's rotary kind ("default" when it has none), in transformers 4 or 5 spelling."""
+    scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return str(scaling.get("rope_type") or scaling.get("type") or "default")
+
+
+def context_length(family: Family, config: PretrainedConfig) -> tuple[int | None, str]:
+    """The longest sequence the exported graph computes as transformers does, and where that came from."""
+    found = next(((f, getattr(config, f)) for f in family.context_fields if getattr(config, f, None)), None)
+    if found is None:
+        if family.trained_context is None:
+            return None, f"config.json names none of {', '.join(family.context_fields)}"
+        return family.trained_context, f"{family.name} models are trained at {family.trained_context} tokens"
+    field, length = found
+    kind = rope_type(config)
+    if kind in DYNAMIC_ROPE_TYPES:
+        scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        original = scaling.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None
+        )
+        if original and original < length:
+            return int(original), (
+                f"{kind} rotary scaling changes with the length at run time; the graph keeps the "
+                f"unscaled frequencies, exact up to original_max_position_embeddings ({field} is {length})"
+            )
+    return int(length), f"config.json {field}"
 
 
 @dataclass(frozen=True)
 class KVShape:
-    """The KV-cache geometry read from a transformers config."""
+    """The KV-cache geometry, as the model itself writes its cache."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
 
 
-def kv_shape(config: PretrainedConfig) -> KVShape:
-    """Layer count, KV heads and head dim, whatever the config calls them."""
-    num_layers = config.num_hidden_layers
-    num_heads = config.num_attention_heads
-    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    return KVShape(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim)
+def kv_shape(model: nn.Module) -> KVShape:
+    """Layer count, KV heads and head dim, read from the cache one two-token forward writes.
+
+    Families name these differently (Falcon's multi-query attention keeps one head whatever
+    num_kv_heads says), so the model's own cache is the one answer that cannot be misread.
+    """
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([[2, 3]]), use_cache=True)
+    layers = out.cache.layers
+    keys = layers[0].keys
+    return KVShape(num_layers=len(layers), num_kv_heads=int(keys.shape[1]), head_dim=int(keys.shape[3]))
+
+
+@contextmanager
+def static_rope(model: nn.Module):
+    """While tracing, rotary modules keep their initial (short-sequence) frequencies.
+
+    transformers updates dynamic and longrope frequencies in place in forward, which the ONNX
+    exporter cannot trace; the graph is then exact up to the length `context_length` reports.
+    """
+    changed = []
+    for module in model.modules():
+        kind = getattr(module, "rope_type", None)
+        if isinstance(kind, str) and (kind in DYNAMIC_ROPE_TYPES or "dynamic" in kind):
+            changed.append((module, kind))
+            module.rope_type = "default"
+    try:
+        yield
+    finally:
+        for module, kind in changed:
+            module.rope_type = kind
 
 
 def input_names(family: Family, num_layers: int) -> list[str]:

@@ -8,8 +8,9 @@ interleaved chunk by chunk; a figure is the contender's fastest chunk (the CPUs 
 fastest chunk is the best estimate of an unloaded machine), and every ratio is against the bare
 onnxruntime loop measured in the same run. Models have random weights, built with transformers
 and exported with muestra's exporter (fp32), cached under ~/.cache/muestra/bench
-(MUESTRA_BENCH_CACHE). onnxruntime-genai runs in its own venv (MUESTRA_GENAI_VENV, made on first
-use) because it needs the CPU onnxruntime package, which breaks onnxruntime-gpu in .venv.
+(MUESTRA_BENCH_CACHE). onnxruntime-genai runs in its own venv (MUESTRA_GENAI_VENV, default
+.venv-genai, made by `make dev` or on first use) because it needs the CPU onnxruntime package,
+which breaks onnxruntime-gpu in .venv.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -36,7 +36,7 @@ from bench import decode_models  # noqa: E402
 from bench.decode_loops import BareLoop, IoBindingLoop, ServiceLoop, SharedBufferLoop, TorchLoop  # noqa: E402
 from muestra.v1 import lm_pb2  # noqa: E402
 
-GENAI_VENV = Path(os.environ.get("MUESTRA_GENAI_VENV", Path.home() / ".cache" / "muestra" / "genai-venv"))
+GENAI_VENV = Path(os.environ.get("MUESTRA_GENAI_VENV", ROOT / ".venv-genai"))
 PROMPT_TOKENS = 16
 PASTS = (64, 512, 1024)
 BATCHES = (1, 4, 8, 16)
@@ -67,18 +67,16 @@ def genai_model(name: str, hf_dir: Path) -> Path:
     python = GENAI_VENV / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(GENAI_VENV)], check=True)
-        # torch pinned to the one .venv has; the builder imports it and transformers.
-        packages = ["onnxruntime-genai", "torch==2.13.0", "transformers", "onnx"]
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True)
+        # `make dev` makes it; the same pins (requirements-genai.txt) when the bench runs first.
+        requirements = str(ROOT / "requirements-genai.txt")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", requirements], check=True)
     out = decode_models.CACHE / name / "genai"
     if not (out / "genai_config.json").exists():
         builder = [str(python), "-P", "-m", "onnxruntime_genai.models.builder"]
         with tempfile.TemporaryDirectory(prefix="genai-build-") as cache:
             options = ["-i", str(hf_dir), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", cache]
             subprocess.run([*builder, *options], check=True, capture_output=True)
-    # The lm service serves genai's folder too; it reads the context length and eos from these.
-    for name in ("config.json", "generation_config.json"):
-        shutil.copy2(hf_dir / name, out / name)
+    # The lm service serves genai's folder as it comes (genai_config.json).
     return out
 
 

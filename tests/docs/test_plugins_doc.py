@@ -1,4 +1,4 @@
-"""docs/plugins.md's pyproject snippet is the example plugin's own, which CI builds and installs."""
+"""docs/plugins.md cannot drift: its snippets are the example plugin's own code, and its commands run."""
 
 from __future__ import annotations
 
@@ -21,3 +21,72 @@ def test_the_pyproject_snippet_holds_what_the_example_plugin_builds_with():
         assert snippet["project"][key] == real["project"][key], key
     # what a build backend refuses without (the old snippet had no version)
     assert {"name", "version"} <= snippet["project"].keys()
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "plugins.md").read_text(), re.S)
+
+
+def test_every_python_block_parses_and_imports_only_what_muestra_plugin_exports():
+    import ast
+
+    import muestra.plugin
+
+    blocks = python_blocks()
+    assert len(blocks) >= 3
+    for block in blocks:
+        tree = ast.parse(block)  # excerpts elide bodies with `...`, which is still Python
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "muestra.plugin":
+                missing = [a.name for a in node.names if not hasattr(muestra.plugin, a.name)]
+                assert not missing, f"docs/plugins.md imports {missing} that muestra.plugin does not export"
+
+
+def test_the_hook_example_is_the_example_plugins_sampler():
+    """The guide's MirostatV2 (its body elided) declares what the shipped one declares, and registers it."""
+    import muestra_mirostat
+
+    block = next(b for b in python_blocks() if "class MirostatV2" in b)
+    namespace: dict = {}
+    exec(compile(block, "docs/plugins.md", "exec"), namespace)
+    doc, real = namespace["MirostatV2"], muestra_mirostat.MirostatV2
+    assert (doc.name, doc.description) == (real.name, real.description)
+    assert doc.parameters.keys() == real.parameters.keys()
+    for key, param in doc.parameters.items():
+        assert (param.default, param.help, param.schema) == (
+            real.parameters[key].default,
+            real.parameters[key].help,
+            real.parameters[key].schema,
+        )
+    registered = []
+    namespace["register_samplers"](register=registered.append)
+    assert [type(s).__name__ for s in registered] == ["MirostatV2"]
+
+
+def test_the_testing_example_names_tests_the_example_plugin_has():
+    import ast
+
+    block = next(b for b in python_blocks() if "check_sampler" in b)
+    shown = {n.name for n in ast.walk(ast.parse(block)) if isinstance(n, ast.FunctionDef)}
+    real_tree = ast.parse((ROOT / "plugins" / "mirostat" / "tests" / "test_mirostat.py").read_text())
+    real = {n.name for n in ast.walk(real_tree) if isinstance(n, ast.FunctionDef)}
+    assert shown and shown <= real, shown - real
+
+
+def test_the_listing_command_runs_and_lists_the_example_plugin():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "muestra.gateway.sampling"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "mirostat" in done.stdout
+    disabled = subprocess.run(
+        [sys.executable, "-m", "muestra.gateway.sampling"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "MUESTRA_DISABLE_PLUGINS": "mirostat,typical_p"},
+    )
+    assert disabled.returncode == 0 and "disabled" in disabled.stdout, disabled.stdout

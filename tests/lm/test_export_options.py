@@ -88,6 +88,62 @@ def test_cli_int8_export_reports_perplexity_before_and_after(tiny_lm, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in lm.onnx_dir.iterdir())
 
 
+def weight_matmuls(graph) -> int:
+    """MatMuls whose second input is a weight (an initializer), the ones a weight quantizer rewrites."""
+    weights = {t.name for t in graph.initializer}
+    return sum(1 for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights)
+
+
+def test_cli_int4_export_is_matmulnbits_everywhere_and_the_lm_serves_it(tiny_lm, tmp_path):
+    import grpc
+
+    from muestra.v1 import lm_pb2, lm_pb2_grpc
+    from tests.fixtures.lm_service import start_lm
+    from tests.lm.test_greedy import service_greedy
+
+    lm = tiny_lm("llama")
+    (tmp_path / "eval.txt").write_text(EVAL_TEXT, encoding="utf-8")
+    out = tmp_path / "int4"
+    command = [sys.executable, "-m", "muestra.cli", "export-lm", str(lm.hf_dir), str(out), "--quiet"]
+    command += ["--quantize", "int4", "--block-size", "32", "--eval-text", str(tmp_path / "eval.txt")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+    metadata = json.loads((out / "muestra_export.json").read_text())
+    assert metadata["weights_dtype"] == "int4"
+    assert metadata["quantization"] == {
+        "method": "MatMulNBits", "bits": 4, "symmetric": True, "block_size": 32, "accuracy_level": 4,
+    }  # fmt: skip
+    assert metadata["perplexity"]["int4"] == pytest.approx(metadata["perplexity"]["float32"], rel=0.1)
+    assert metadata["perplexity"]["int4"] != metadata["perplexity"]["float32"]
+    fp32_graph = onnx.load(str(lm.onnx_dir / "model.onnx")).graph
+    graph = onnx.load(str(out / "model.onnx")).graph
+    # Every weight MatMul, the vocabulary projection included (the tiny Llama's head is untied).
+    assert sum(n.op_type == "MatMulNBits" for n in graph.node) == weight_matmuls(fp32_graph)
+    assert weight_matmuls(graph) == 0
+    # The embedding table (a Gather, a quarter of the tiny model) stays float32.
+    assert (out / "model.onnx").stat().st_size < 0.55 * (lm.onnx_dir / "model.onnx").stat().st_size
+
+    # The lm service serves it: its greedy tokens are those of a bare onnxruntime loop on the same file.
+    sess = session(out)
+    ids = prompt(5, 9)
+    logits, past = step(sess, np.array([ids]), np.ones((1, len(ids)), dtype=np.int64), empty_past(sess, 1))
+    expected = []
+    for _ in range(12):
+        expected.append(int(logits[0, -1].argmax()))
+        mask = np.ones((1, len(ids) + len(expected)), dtype=np.int64)
+        logits, past = step(sess, np.array([expected[-1:]]), mask, past)
+    (tmp_path / "logs").mkdir()
+    process = start_lm(out, "llama", tmp_path / "logs")
+    try:
+        with grpc.insecure_channel(process.address) as channel:
+            stub = lm_pb2_grpc.LanguageModelStub(channel)
+            stub.Describe(lm_pb2.DescribeModelRequest())
+            assert service_greedy(stub, [ids], eos=set())[0][:12] == expected
+    finally:
+        process.stop()
+
+
 @pytest.mark.parametrize("quantize", [None, "int8"])
 def test_weights_go_to_model_onnx_data_above_the_threshold(tiny_lm, tmp_path, monkeypatch, quantize):
     lm = tiny_lm("llama")

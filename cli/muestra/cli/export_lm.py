@@ -11,7 +11,16 @@ def add_parser(sub) -> None:
     parser.add_argument("src", help="transformers model folder (config.json, weights, tokenizer)")
     parser.add_argument("out", help="new folder for model.onnx and the configs")
     parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
-    parser.add_argument("--quantize", choices=["int8"], default=None)
+    parser.add_argument(
+        "--quantize",
+        choices=["int8", "int4"],
+        default=None,
+        help="quantize the float32 export's weights: int8 (dynamic), int4 (MatMulNBits, block-wise)",
+    )
+    parser.add_argument("--block-size", type=int, default=32, help="int4: weights per quantization block")
+    parser.add_argument(
+        "--accuracy-level", type=int, default=4, help="int4: MatMulNBits compute (4: int8 activations, 0: float)"
+    )
     parser.add_argument("--eval-text", default=None, help="text file: report perplexity (and its change with int8)")
     parser.add_argument("--all-logits", action="store_true", help="emit logits for every position, not just the last")
     parser.add_argument(
@@ -42,6 +51,8 @@ def run(args) -> int:
             progress=not args.quiet,
             last_logits_only=not args.all_logits,
             max_context=args.context_length,
+            block_size=args.block_size,
+            accuracy_level=args.accuracy_level,
         )
     except ExportError as exc:
         print(f"muestra export-lm: {exc}", file=sys.stderr)

@@ -17,7 +17,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src", type=Path, help="a transformers model folder (config.json, weights, tokenizer)")
     parser.add_argument("out", type=Path, help="the output folder; must not exist or be empty")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and KV-cache dtype")
-    parser.add_argument("--quantize", choices=["int8"], help="quantize the float32 export's weights")
+    parser.add_argument(
+        "--quantize",
+        choices=["int8", "int4"],
+        default=None,
+        help="quantize the float32 export's weights: int8 (dynamic), int4 (MatMulNBits, block-wise)",
+    )
+    parser.add_argument("--block-size", type=int, default=32, help="int4: weights per quantization block")
+    parser.add_argument(
+        "--accuracy-level", type=int, default=4, help="int4: MatMulNBits compute (4: int8 activations, 0: float)"
+    )
     parser.add_argument("--eval-text", type=Path, metavar="FILE", help="report perplexity on this UTF-8 text")
     parser.add_argument(
         "--all-logits",
@@ -44,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.quiet,
             last_logits_only=not args.all_logits,
             max_context=args.context_length,
+            block_size=args.block_size,
+            accuracy_level=args.accuracy_level,
         )
     except (ExportError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

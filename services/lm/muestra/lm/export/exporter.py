@@ -27,7 +27,7 @@ from muestra.lm.export.families import (
     output_names,
     static_rope,
 )
-from muestra.lm.export.quantize import quantize_int8
+from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8, quantize_nbits
 
 METADATA_FILE = "muestra_export.json"
 METADATA_FORMAT = 1
@@ -56,6 +56,8 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
+# int8: onnxruntime's dynamic quantizer; int4: MatMulNBits (block-wise, vocabulary projection included).
+QUANTIZE = (None, "int8", "int4")
 
 
 class ExportError(ValueError):
@@ -72,6 +74,8 @@ def export_lm(
     progress: bool = True,
     last_logits_only: bool = True,
     max_context: int = 0,
+    block_size: int = NBITS_BLOCK_SIZE,
+    accuracy_level: int = NBITS_ACCURACY_LEVEL,
 ) -> Path:
     """Export the causal LM in `src` to `out` (which must not exist or be empty) and return `out`.
 
@@ -81,10 +85,14 @@ def export_lm(
     src, out = Path(src), Path(out)
     if dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    if quantize not in (None, "int8"):
-        raise ExportError(f"quantize must be None or 'int8', got {quantize!r}")
+    if quantize not in QUANTIZE:
+        raise ExportError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
     if quantize and dtype != "float32":
-        raise ExportError("quantize='int8' quantizes the float32 export; use dtype='float32'")
+        raise ExportError(f"quantize={quantize!r} quantizes the float32 export; use dtype='float32'")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ExportError(f"block_size must be a power of two >= 16, got {block_size}")
+    if accuracy_level not in (0, 1, 2, 3, 4):
+        raise ExportError(f"accuracy_level must be 0 to 4, got {accuracy_level}")
     family = _check_source(src)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"output folder {out} already exists and is not empty")
@@ -130,7 +138,8 @@ def export_lm(
         log.info(f"max |logits(onnxruntime) - logits(torch)| = {metadata['validation']['max_abs_diff']}")
 
         if quantize:
-            metadata.update(_quantize(staging, model, config.vocab_size, eval_ids, log))
+            nbits = {"block_size": block_size, "accuracy_level": accuracy_level}
+            metadata.update(_quantize(staging, model, config.vocab_size, eval_ids, log, quantize, nbits))
         elif eval_ids is not None:
             with log.step(f"perplexity on {len(eval_ids)} tokens"):
                 ppl = checks.perplexity(checks.ort_session(staging / "model.onnx"), eval_ids)
@@ -238,29 +247,37 @@ def _validate(model, onnx_path: Path, vocab_size: int, dtype: str) -> dict:
     return {"max_abs_diff": diff, "reference": f"transformers {dtype}", "providers": session.get_providers()}
 
 
-def _quantize(staging: Path, model, vocab_size: int, eval_ids: list[int] | None, log: _Progress) -> dict:
-    fp32_path, int8_path = staging / "model.onnx", staging / "model.int8.onnx"
-    fields: dict = {"weights_dtype": "int8"}
+def _quantize(
+    staging: Path, model, vocab_size: int, eval_ids: list[int] | None, log: _Progress, kind: str, nbits: dict
+) -> dict:
+    fp32_path, quant_path = staging / "model.onnx", staging / f"model.{kind}.onnx"
+    fields: dict = {"weights_dtype": kind}
     if eval_ids is not None:
         with log.step(f"float32 perplexity on {len(eval_ids)} tokens"):
             before = checks.perplexity(checks.ort_session(fp32_path), eval_ids, "float32 perplexity")
-    with log.step("quantizing weights to int8 (onnxruntime quantize_dynamic)"):
-        external = quantize_int8(fp32_path, int8_path, EXTERNAL_DATA_THRESHOLD)
+    if kind == "int8":
+        with log.step("quantizing weights to int8 (onnxruntime quantize_dynamic)"):
+            external = quantize_int8(fp32_path, quant_path, EXTERNAL_DATA_THRESHOLD)
+    else:
+        how = f"block {nbits['block_size']}, accuracy level {nbits['accuracy_level']}"
+        with log.step(f"quantizing weights to {kind} (onnxruntime MatMulNBits, {how})"):
+            external = quantize_nbits(fp32_path, quant_path, EXTERNAL_DATA_THRESHOLD, bits=4, **nbits)
+        fields["quantization"] = {"method": "MatMulNBits", "bits": 4, "symmetric": True, **nbits}
     for path in (fp32_path, staging / "model.onnx.data"):
         path.unlink(missing_ok=True)
-    int8_path.rename(fp32_path)
+    quant_path.rename(fp32_path)
     if external:
-        (staging / "model.int8.onnx.data").rename(staging / "model.onnx.data")
+        (staging / f"model.{kind}.onnx.data").rename(staging / "model.onnx.data")
         _relocate_external_data(fp32_path, "model.onnx.data")
     fields["external_data"] = external
-    fields["validation_int8"] = {
+    fields[f"validation_{kind}"] = {
         "max_abs_diff": checks.max_abs_diff_against_torch(model, checks.ort_session(fp32_path), vocab_size)
     }
     if eval_ids is not None:
-        with log.step(f"int8 perplexity on {len(eval_ids)} tokens"):
-            after = checks.perplexity(checks.ort_session(fp32_path), eval_ids, "int8 perplexity")
-        fields["perplexity"] = {"tokens": len(eval_ids), "float32": before, "int8": after}
-        log.info(f"perplexity float32 = {before:.4f}, int8 = {after:.4f} ({(after / before - 1) * 100:+.2f}%)")
+        with log.step(f"{kind} perplexity on {len(eval_ids)} tokens"):
+            after = checks.perplexity(checks.ort_session(fp32_path), eval_ids, f"{kind} perplexity")
+        fields["perplexity"] = {"tokens": len(eval_ids), "float32": before, kind: after}
+        log.info(f"perplexity float32 = {before:.4f}, {kind} = {after:.4f} ({(after / before - 1) * 100:+.2f}%)")
     return fields
 
 

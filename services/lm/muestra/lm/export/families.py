@@ -10,10 +10,6 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig
 
-# Rotary kinds whose frequencies change with the sequence length at run time (transformers recomputes
-# them in forward); a traced graph keeps the short-sequence ones, so such a model is served up to
-# the length it was trained at before scaling.
-DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
 # BigScience trained every BLOOM at 2,048 tokens; BLOOM's config names no length (ALiBi has no position table).
 BLOOM_TRAINED_CONTEXT = 2048
 
@@ -67,6 +63,15 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+def is_dynamic_rope(kind: str) -> bool:
+    """Rotary kinds transformers recomputes in forward as the length grows (`dynamic_rope_update`).
+
+    A traced graph keeps their short-sequence frequencies, so such a model is served up to the
+    length it was trained at before scaling.
+    """
+    return "dynamic" in kind or kind == "longrope"
+
+
 def rope_type(config: PretrainedConfig) -> str:
     """The config's rotary kind ("default" when it has none), in transformers 4 or 5 spelling."""
     scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
@@ -82,7 +87,7 @@ def context_length(family: Family, config: PretrainedConfig) -> tuple[int | None
         return family.trained_context, f"{family.name} models are trained at {family.trained_context} tokens"
     field, length = found
     kind = rope_type(config)
-    if kind in DYNAMIC_ROPE_TYPES:
+    if is_dynamic_rope(kind):
         scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
         original = scaling.get("original_max_position_embeddings") or getattr(
             config, "original_max_position_embeddings", None
@@ -127,7 +132,7 @@ def static_rope(model: nn.Module):
     changed = []
     for module in model.modules():
         kind = getattr(module, "rope_type", None)
-        if isinstance(kind, str) and (kind in DYNAMIC_ROPE_TYPES or "dynamic" in kind):
+        if isinstance(kind, str) and is_dynamic_rope(kind):
             changed.append((module, kind))
             module.rope_type = "default"
     try:

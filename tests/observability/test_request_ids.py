@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx2 as httpx
 from openai import OpenAI
 
@@ -10,6 +12,17 @@ TEXT_MODEL = "muestra-text"
 
 def _lines(process, needle: str) -> list[str]:
     return [line for line in process.log_path.read_text().splitlines() if needle in line]
+
+
+def _eventually(process, needle: str, fragment: str, seconds: float = 10.0) -> bool:
+    """The access line is written once the response has gone out, so the client can read first."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if any(fragment in line for line in _lines(process, needle)):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _chat(stack, request_id: str) -> str:
@@ -35,7 +48,7 @@ def test_one_http_requests_id_reaches_the_log_lines_of_all_four_services(observe
 
     gateway, tokenizer, lm, diffusion = observed.gateway, observed.tokenizer, observed.lm[0], observed.diffusion
     for request_id in (first, second):
-        assert any("/v1/chat/completions 200" in line for line in _lines(gateway, f"[{request_id}]"))
+        assert _eventually(gateway, f"[{request_id}]", "/v1/chat/completions 200")
         assert any("ApplyChatTemplate OK" in line for line in _lines(tokenizer, f"[{request_id}]"))
         assert any("Prefill OK" in line for line in _lines(lm, f"[{request_id}]"))
         # The per-step lines of the shared streams name the request whose rows they carry.
@@ -44,5 +57,5 @@ def test_one_http_requests_id_reaches_the_log_lines_of_all_four_services(observe
     # Nothing of the second request is filed under the first's id (the streams it opened carry no id).
     assert not any("[trace-first-0001]" in line for line in _lines(lm, "BatchSteps decode")[-6:])
     assert not any("[trace-first-0001]" in line for line in _lines(tokenizer, "DetokenizeSteps:")[-6:])
-    assert any("Generate OK" in line for line in _lines(diffusion, "[trace-image-0003]"))
-    assert any("/v1/images/generations 200" in line for line in _lines(gateway, "[trace-image-0003]"))
+    assert _eventually(diffusion, "[trace-image-0003]", "Generate OK")
+    assert _eventually(gateway, "[trace-image-0003]", "/v1/images/generations 200")

@@ -6,8 +6,9 @@
 Each contender runs a prompt once, then `--chunk` decode steps `--repeats` times, the contenders
 interleaved chunk by chunk; a figure is the contender's fastest chunk (the CPUs are shared, so the
 fastest chunk is the best estimate of an unloaded machine), and every ratio is against the bare
-onnxruntime loop measured in the same run. Models have random weights, built with transformers
-and exported with muestra's exporter (fp32), cached under ~/.cache/muestra/bench
+onnxruntime loop over the concat export measured in the same run. Models have random weights,
+built with transformers and exported with muestra's exporter (fp32) in both layouts (fused: the
+default, GroupQueryAttention over a shared buffer; concat), cached under ~/.cache/muestra/bench
 (MUESTRA_BENCH_CACHE). onnxruntime-genai runs in its own venv (MUESTRA_GENAI_VENV, default
 .venv-genai, made by `make dev` or on first use) because it needs the CPU onnxruntime package,
 which breaks onnxruntime-gpu in .venv.
@@ -41,9 +42,11 @@ PROMPT_TOKENS = 16
 PASTS = (64, 512, 1024)
 BATCHES = (1, 4, 8, 16)
 NAMES = {
-    "bare": "bare ORT loop",
-    "service": "lm over gRPC",
-    "iobinding": "bare + IO binding",
+    "bare": "bare ORT loop (concat export)",
+    "service": "lm over gRPC (concat export)",
+    "iobinding": "bare + IO binding (concat export)",
+    "fused": "bare, shared buffer (fused export)",
+    "service_fused": "lm over gRPC (fused export)",
     "service_shared": "lm over gRPC, shared buffer (genai graph)",
     "shared": "bare, shared buffer (genai graph)",
     "genai": "onnxruntime-genai",
@@ -93,7 +96,8 @@ def genai_run(model_dir: Path, job: dict) -> dict:
 
 
 def bench_model(name: str, args, log_dir: Path) -> dict:
-    hf_dir, onnx_dir = decode_models.build(name)
+    hf_dir, fused_dir = decode_models.build(name, "fused")
+    _, onnx_dir = decode_models.build(name, "concat")
     config = json.loads((hf_dir / "config.json").read_text())
     vocab = config["vocab_size"]
     prompt = np.random.default_rng(0).integers(3, vocab, (1, PROMPT_TOKENS))
@@ -109,8 +113,10 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
         "bare": BareLoop(onnx_dir, args.threads),
         "service": service,
         "iobinding": IoBindingLoop(onnx_dir, args.threads),
+        "fused": SharedBufferLoop(fused_dir, args.threads),
+        "service_fused": ServiceLoop(fused_dir, args.threads, log_dir),
     }
-    services = [service]
+    services = [service, loops["service_fused"]]
     if genai_dir is not None:
         loops["shared"] = SharedBufferLoop(genai_dir, args.threads)
         loops["service_shared"] = ServiceLoop(genai_dir, args.threads, log_dir)
@@ -127,7 +133,7 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
         result["tokens_per_s"] = {k: args.chunk / s for k, s in seconds.items()}
 
         if not name.endswith("tiny"):
-            batch_loops = {k: loops[k] for k in ("bare", "service", "service_shared") if k in loops}
+            batch_loops = {k: loops[k] for k in ("bare", "service", "service_fused", "service_shared") if k in loops}
             result["batch_tokens_per_s"] = {}
             for b in BATCHES:
                 seconds = fastest_chunks(batch_loops, np.repeat(prompt, b, 0), args.chunk, args.repeats)
@@ -204,7 +210,7 @@ def markdown(results: list[dict], args) -> str:
         rows = r.get("batch_tokens_per_s")
         if not rows:
             continue
-        for key in [k for k in ("service", "service_shared", "bare") if k in rows[1]]:
+        for key in [k for k in ("service", "service_fused", "service_shared", "bare") if k in rows[1]]:
             cells = [f"{rows[b][key]:.1f} ({rows[b][key] / rows[1][key]:.2f}x)" for b in BATCHES]
             lines.append(f"| {r['model']} | {NAMES[key]} | " + " | ".join(cells) + " |")
         genai_batches = r.get("genai", {}).get("batch_tokens_per_s")

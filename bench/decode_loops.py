@@ -89,15 +89,21 @@ class IoBindingLoop(BareLoop):
 
 
 class SharedBufferLoop:
-    """A bare loop over onnxruntime-genai's GroupQueryAttention graph: one preallocated buffer per
-    layer is bound as both past and present, so a step appends in place and copies no KV."""
+    """A bare loop over a GroupQueryAttention graph (our fused export, or onnxruntime-genai's): one
+    preallocated buffer per layer is bound as both past and present, so a step appends in place."""
 
-    def __init__(self, genai_dir: Path, threads: int, capacity: int = 2048) -> None:
-        self.session = _session(genai_dir / "model.onnx", threads)
-        self.past_names = [i.name for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
+    def __init__(self, model_dir: Path, threads: int, capacity: int = 2048) -> None:
+        self.session = _session(model_dir / "model.onnx", threads)
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.has_positions = "position_ids" in inputs
+        self.past_names = [n for n in inputs if n.startswith("past_key_values.")]
         self.present_names = [n.replace("past_key_values", "present") for n in self.past_names]
-        config = json.loads((genai_dir / "genai_config.json").read_text())["model"]["decoder"]
-        self.heads, self.head_dim, self.capacity = config["num_key_value_heads"], config["head_size"], capacity
+        if (model_dir / "genai_config.json").is_file():
+            config = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+            self.heads, self.head_dim = config["num_key_value_heads"], config["head_size"]
+        else:
+            _, self.heads, _, self.head_dim = inputs[self.past_names[0]].shape
+        self.capacity = capacity
         self.binding = self.session.io_binding()
 
     def _step(self, ids: np.ndarray, total: int, buffers: list[ort.OrtValue]) -> np.ndarray:
@@ -105,6 +111,9 @@ class SharedBufferLoop:
         binding.clear_binding_outputs()
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("attention_mask", np.ones((ids.shape[0], total), np.int64))
+        if self.has_positions:
+            width = ids.shape[1]
+            binding.bind_cpu_input("position_ids", np.tile(np.arange(total - width, total), (ids.shape[0], 1)))
         binding.bind_output("logits", "cpu")
         for past, present, buffer in zip(self.past_names, self.present_names, buffers, strict=True):
             binding.bind_ortvalue_input(past, buffer)

@@ -15,7 +15,7 @@ def describe(stub) -> lm_pb2.DescribeModelResponse:
     return stub.Describe(lm_pb2.DescribeModelRequest())
 
 
-@pytest.mark.parametrize("model", ["llama", "llama-gqa"], ids=["concat-kv", "shared-kv"])
+@pytest.mark.parametrize("model", ["llama-concat", "llama"], ids=["concat-kv", "shared-kv"])
 def test_row_logits_are_the_same_alone_and_while_rows_join_and_leave(lm_service, model):
     stub = lm_service(model).stub
     a, b, c = prompts([5, 13, 8], VOCAB, seed=3)
@@ -52,7 +52,7 @@ def test_row_logits_are_the_same_alone_and_while_rows_join_and_leave(lm_service,
         assert np.abs(x - y).max() <= 1e-4, f"step {step}"
 
 
-@pytest.mark.parametrize("model", ["llama", "llama-gqa"], ids=["concat-kv", "shared-kv"])
+@pytest.mark.parametrize("model", ["llama-concat", "llama"], ids=["concat-kv", "shared-kv"])
 def test_filter_with_repeated_rows_copies_them(lm_service, model):
     stub = lm_service(model).stub
     batch = prompts([4, 10], VOCAB, seed=5)
@@ -69,7 +69,7 @@ def test_filter_with_repeated_rows_copies_them(lm_service, model):
 
 
 def test_filter_drops_left_padding_no_row_needs(lm_service):
-    stub = lm_service("llama", "--max-batch-rows", "8").stub
+    stub = lm_service("llama-concat", "--max-batch-rows", "8").stub
     stub.Clear(lm_pb2.ClearRequest())
     info = describe(stub)
     per_token = 2 * info.kv.num_layers * info.kv.num_kv_heads * info.kv.head_dim * 4

@@ -26,7 +26,7 @@ def test_describe_reports_the_model_the_providers_and_the_kv_layout(lm_service, 
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.hidden_size // config.num_attention_heads,
         dtype=common_pb2.FLOAT32,
-        storage="concat",
+        storage="shared",
     )
     assert json.loads(info.generation_config_json)["eos_token_id"] == config.eos_token_id
     assert len(info.fingerprint) == 64
@@ -44,10 +44,10 @@ def test_fingerprint_is_stable_across_restarts_and_differs_between_models(lm_ser
     assert describe(lm_service("gpt2").stub).fingerprint != running
     assert describe(lm_service("qwen2").stub).fingerprint != running
     # The same weights in the other KV layout are another model to a prefix cache.
-    assert describe(lm_service("llama-gqa").stub).fingerprint != running
+    assert describe(lm_service("llama-concat").stub).fingerprint != running
 
 
 def test_a_group_query_attention_graph_is_served_with_a_shared_kv_buffer(lm_service):
-    info = describe(lm_service("llama-gqa").stub)
+    info = describe(lm_service("llama").stub)
     assert info.kv.storage == "shared"
     assert (info.kv.num_layers, info.kv.num_kv_heads, info.kv.head_dim) == (2, 2, 16)

@@ -11,9 +11,14 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from muestra.lm.export.families import FAMILIES
 from tests.fixtures.lm_models import EXTRA_FAMILIES, LM_FAMILIES, VARIANTS
 
 TOLERANCE = 1e-4
+ALL_MODELS = LM_FAMILIES + EXTRA_FAMILIES + VARIANTS
+# Exported in the fused layout by default: all but BLOOM (ALiBi); llama-concat is the Llama in the other one.
+FUSED = [m for m in ALL_MODELS if FAMILIES[m.split("-")[0]].fused]
+CONCAT = [m for m in ALL_MODELS if m not in FUSED] + ["llama-concat"]
 
 
 def session(onnx_dir) -> ort.InferenceSession:
@@ -57,7 +62,7 @@ def prompt(seed: int, length: int) -> list[int]:
     return np.random.default_rng(seed).integers(2, 1000, size=length).tolist()
 
 
-@pytest.mark.parametrize("family", LM_FAMILIES + EXTRA_FAMILIES + VARIANTS)
+@pytest.mark.parametrize("family", [*ALL_MODELS, "llama-concat"])
 def test_prefill_and_decode_logits_equal_torch_at_batch_one(tiny_lm, family):
     lm = tiny_lm(family)
     sess, model = session(lm.onnx_dir), lm.torch_model()
@@ -70,7 +75,7 @@ def test_prefill_and_decode_logits_equal_torch_at_batch_one(tiny_lm, family):
     np.testing.assert_allclose(logits[0, -1], torch_last_logits(model, ids), atol=TOLERANCE, rtol=0)
 
 
-@pytest.mark.parametrize("family", LM_FAMILIES + EXTRA_FAMILIES + VARIANTS)
+@pytest.mark.parametrize("family", CONCAT)
 def test_left_padded_batch_equals_each_prompt_alone(tiny_lm, family):
     lm = tiny_lm(family)
     sess, model = session(lm.onnx_dir), lm.torch_model()
@@ -87,7 +92,62 @@ def test_left_padded_batch_equals_each_prompt_alone(tiny_lm, family):
         logits, past = step(sess, next_ids, mask, past)
 
 
-@pytest.mark.parametrize("family", LM_FAMILIES)
+def shared_step(sess, ids: np.ndarray, lengths: np.ndarray, buffers: list[np.ndarray]) -> np.ndarray:
+    """A fused graph's step as the lm runs it: right-padded rows, each buffer bound as past and present."""
+    new = ids.shape[1]
+    binding = sess.io_binding()
+    binding.bind_cpu_input("input_ids", ids.astype(np.int64))
+    binding.bind_cpu_input("attention_mask", (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64))
+    binding.bind_cpu_input("position_ids", (np.arange(new) + np.maximum(lengths - new, 0)[:, None]).astype(np.int64))
+    binding.bind_output("logits")
+    pasts = [n.name for n in sess.get_inputs() if n.name.startswith("past_key_values.")]
+    for name, buffer in zip(pasts, buffers, strict=True):
+        value = ort.OrtValue.ortvalue_from_numpy(buffer)
+        binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), value)
+    sess.run_with_iobinding(binding)
+    return binding.get_outputs()[0].numpy()[:, -1]
+
+
+@pytest.mark.parametrize("family", FUSED)
+def test_shared_buffer_rows_join_and_leave_and_equal_a_full_recompute(tiny_lm, family):
+    """Rows prefilled alone, joined in one right-padded buffer, one leaving and one joining mid-decode:
+    every row's logits at every step equal transformers recomputing its whole sequence."""
+    lm = tiny_lm(family)
+    sess, model = session(lm.onnx_dir), lm.torch_model()
+    graph = onnx.load(str(lm.onnx_dir / "model.onnx")).graph
+    assert (
+        sum(n.op_type == "GroupQueryAttention" for n in graph.node)
+        == AutoConfig.from_pretrained(lm.hf_dir).num_hidden_layers
+    )
+    shapes = [n.shape for n in sess.get_inputs() if n.name.startswith("past_key_values.")]
+    capacity = 40
+
+    def prefill_alone(tokens: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
+        buffers = [np.zeros((1, s[1], capacity, s[3]), np.float32) for s in shapes]
+        return buffers, shared_step(sess, np.array([tokens]), np.array([len(tokens)]), buffers)[0]
+
+    rows = [prompt(11, 12), prompt(12, 3)]
+    alone = [prefill_alone(r) for r in rows]
+    buffers = [np.concatenate([alone[0][0][t], alone[1][0][t]]) for t in range(len(shapes))]
+    logits = np.stack([alone[0][1], alone[1][1]])
+    for step in range(8):
+        for row, tokens in enumerate(rows):
+            np.testing.assert_allclose(logits[row], torch_last_logits(model, tokens), atol=TOLERANCE, rtol=0)
+        for row, token in enumerate(logits.argmax(-1)):
+            rows[row].append(int(token))
+        if step == 3:
+            # The long row leaves; a new row, prefilled alone, joins with its first generated token.
+            joining = prompt(13, 6)
+            extra, extra_logits = prefill_alone(joining)
+            np.testing.assert_allclose(extra_logits, torch_last_logits(model, joining), atol=TOLERANCE, rtol=0)
+            rows = [rows[1], [*joining, int(extra_logits.argmax())]]
+            buffers = [np.concatenate([b[1:2], e]) for b, e in zip(buffers, extra, strict=True)]
+        ids = np.array([[r[-1]] for r in rows])
+        logits = shared_step(sess, ids, np.array([len(r) for r in rows]), buffers)
+
+
+@pytest.mark.parametrize("family", [*LM_FAMILIES, "llama-concat"])
 def test_prefill_continues_from_a_cached_prefix(tiny_lm, family):
     """A prompt split into a cached prefix and a multi-token rest gives the same logits and KV as one prefill."""
     sess = session(tiny_lm(family).onnx_dir)
@@ -149,8 +209,11 @@ def test_graph_names_dtypes_and_kv_shapes(tiny_lm, family):
     ids = np.array([prompt(4, 5)] * 3)
     logits, presents = step(sess, ids, np.ones_like(ids), empty_past(sess, 3))
     assert logits.shape == (3, 1, config.vocab_size) and logits.dtype == np.float32
-    logits, presents = step(sess, ids[:, :2], np.ones((3, 7), dtype=np.int64), presents)
-    assert {v.shape for v in presents.values()} == {(3, num_kv_heads, 7, head_dim)}
+    # GroupQueryAttention continues several tokens after a past one row at a time (so does the lm).
+    rows = 3 if family in CONCAT else 1
+    presents = {name: value[:rows] for name, value in presents.items()}
+    logits, presents = step(sess, ids[:rows, :2], np.ones((rows, 7), dtype=np.int64), presents)
+    assert {v.shape for v in presents.values()} == {(rows, num_kv_heads, 7, head_dim)}
 
 
 @pytest.mark.parametrize("family", LM_FAMILIES)
@@ -163,6 +226,8 @@ def test_metadata_describes_the_export(tiny_lm, family):
     assert metadata["logits"] == "last"
     assert metadata["kv_dtype"] == "float32"
     assert metadata["position_ids"] is (family != "bloom")
+    assert metadata["layout"] == ("concat" if family == "bloom" else "fused")
+    assert metadata["kv_storage"] == ("concat" if family == "bloom" else "shared")
     assert metadata["num_layers"] == config.num_hidden_layers
     assert metadata["external_data"] is False
     assert 0 <= metadata["validation"]["max_abs_diff"] <= TOLERANCE

@@ -202,7 +202,8 @@ def test_cli_bad_source_exits_2_with_one_line_error(tmp_path):
     command = [sys.executable, "-m", "muestra.lm.export", str(tmp_path / "nope"), str(tmp_path / "out")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"error: source {tmp_path / 'nope'} is not a folder"]
+    message = f"python -m muestra.lm.export: error: source {tmp_path / 'nope'} is not a folder"
+    assert result.stderr.strip().splitlines() == [message]
 
 
 def test_corrupt_weights_give_a_clear_error(tiny_lm, tmp_path):

@@ -45,7 +45,7 @@ def test_logits_after_a_cache_hit_equal_a_cold_prefill(redis_lm, redis_client, t
     assert np.abs(hit - reference).max() <= 1e-4
 
 
-@pytest.mark.parametrize("model", ["llama", "llama-gqa"], ids=["concat-layout", "shared-buffer-layout"])
+@pytest.mark.parametrize("model", ["llama-concat", "llama"], ids=["concat-layout", "shared-buffer-layout"])
 def test_decoding_after_a_hit_continues_like_a_cold_row(redis_lm, redis_client, model):
     lm = redis_lm(model)
     ids = random_prompt(5 * BLOCK + 1, seed=77)

@@ -1,4 +1,7 @@
-"""python -m muestra.lm.export SRC OUT [--dtype float16] [--quantize int8] [--eval-text FILE]"""
+"""python -m muestra.lm.export SRC OUT [--dtype float16] [--quantize int8|int4] [--layout concat] [--eval-text FILE]
+
+`muestra export-lm` hands its arguments to `main` here: the options are declared once.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +9,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from muestra.lm.export.exporter import DTYPES, ExportError, export_lm
+from muestra.lm.export.exporter import DTYPES, LAYOUTS, ExportError, export_lm
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m muestra.lm.export") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m muestra.lm.export",
+        prog=prog,
         description="Export a local transformers causal-LM folder to muestra's ONNX layout (model.onnx + KV cache).",
     )
     parser.add_argument("src", type=Path, help="a transformers model folder (config.json, weights, tokenizer)")
@@ -26,6 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=32, help="int4: weights per quantization block")
     parser.add_argument(
         "--accuracy-level", type=int, default=4, help="int4: MatMulNBits compute (4: int8 activations, 0: float)"
+    )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=None,
+        help="fused: GroupQueryAttention over one KV buffer per layer, written in place (the default, "
+        "except BLOOM); concat: the graph concatenates past and new KV every step (optimum's layout)",
     )
     parser.add_argument("--eval-text", type=Path, metavar="FILE", help="report perplexity on this UTF-8 text")
     parser.add_argument(
@@ -44,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         eval_text = args.eval_text.read_text(encoding="utf-8") if args.eval_text else None
-        export_lm(
+        out = export_lm(
             args.src,
             args.out,
             dtype=args.dtype,
@@ -55,10 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             max_context=args.context_length,
             block_size=args.block_size,
             accuracy_level=args.accuracy_level,
+            layout=args.layout,
         )
     except (ExportError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    print(out)
     return 0
 
 

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import onnx
@@ -27,6 +27,7 @@ from muestra.lm.export.families import (
     output_names,
     static_rope,
 )
+from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention
 from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8, quantize_nbits
 
 METADATA_FILE = "muestra_export.json"
@@ -58,6 +59,9 @@ WEIGHT_FILES = (
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # int8: onnxruntime's dynamic quantizer; int4: MatMulNBits (block-wise, vocabulary projection included).
 QUANTIZE = (None, "int8", "int4")
+# fused: GroupQueryAttention over one KV buffer per layer, written in place (the default where the
+# family allows it); concat: optimum's layout, whose graph concatenates past and new KV every step.
+LAYOUTS = ("fused", "concat")
 
 
 class ExportError(ValueError):
@@ -76,11 +80,13 @@ def export_lm(
     max_context: int = 0,
     block_size: int = NBITS_BLOCK_SIZE,
     accuracy_level: int = NBITS_ACCURACY_LEVEL,
+    layout: str | None = None,
 ) -> Path:
     """Export the causal LM in `src` to `out` (which must not exist or be empty) and return `out`.
 
     `max_context` > 0 sets the context length the lm serves, where the config names none or to
-    serve less than the config's.
+    serve less than the config's. `layout` is "fused" or "concat" (default: fused where the
+    family allows it).
     """
     src, out = Path(src), Path(out)
     if dtype not in DTYPES:
@@ -93,7 +99,16 @@ def export_lm(
         raise ExportError(f"block_size must be a power of two >= 16, got {block_size}")
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ExportError(f"accuracy_level must be 0 to 4, got {accuracy_level}")
+    if layout not in (None, *LAYOUTS):
+        raise ExportError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     family = _check_source(src)
+    if layout == "fused" and not family.fused:
+        raise ExportError(
+            f"{family.name} cannot use the fused layout: its ALiBi attention bias has no GroupQueryAttention "
+            "input; use the concat layout"
+        )
+    layout = layout or ("fused" if family.fused else "concat")
+    shared = layout == "fused"
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"output folder {out} already exists and is not empty")
     log = _Progress(progress)
@@ -115,8 +130,8 @@ def export_lm(
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        with log.step(f"tracing to ONNX (opset {OPSET}, {kv.num_layers} layers, {dtype})"):
-            external = _export_graph(model, family, kv.num_layers, last_logits_only, staging)
+        with log.step(f"tracing to ONNX (opset {OPSET}, {kv.num_layers} layers, {dtype}, {layout} layout)"):
+            external = _export_graph(model, family, kv.num_layers, last_logits_only, staging, shared)
         metadata = {
             "format": METADATA_FORMAT,
             "family": family.name,
@@ -124,7 +139,9 @@ def export_lm(
             "logits_dtype": "float32",
             "kv_dtype": dtype,
             "weights_dtype": dtype,
-            "position_ids": family.position_ids,
+            "layout": layout,
+            "kv_storage": "shared" if shared else "concat",
+            "position_ids": family.position_ids or shared,
             "num_layers": kv.num_layers,
             "num_kv_heads": kv.num_kv_heads,
             "head_dim": kv.head_dim,
@@ -134,12 +151,12 @@ def export_lm(
             "exporter": {"torch": torch.__version__, "transformers": transformers.__version__, "opset": OPSET},
         }
         with log.step("validating with onnxruntime against PyTorch"):
-            metadata["validation"] = _validate(model, staging / "model.onnx", config.vocab_size, dtype)
+            metadata["validation"] = _validate(model, staging / "model.onnx", config.vocab_size, dtype, shared)
         log.info(f"max |logits(onnxruntime) - logits(torch)| = {metadata['validation']['max_abs_diff']}")
 
         if quantize:
             nbits = {"block_size": block_size, "accuracy_level": accuracy_level}
-            metadata.update(_quantize(staging, model, config.vocab_size, eval_ids, log, quantize, nbits))
+            metadata.update(_quantize(staging, model, config.vocab_size, eval_ids, log, quantize, nbits, shared))
         elif eval_ids is not None:
             with log.step(f"perplexity on {len(eval_ids)} tokens"):
                 ppl = checks.perplexity(checks.ort_session(staging / "model.onnx"), eval_ids)
@@ -190,35 +207,43 @@ def _check_source(src: Path):
     return FAMILIES[model_type]
 
 
-def _export_graph(model, family, num_layers: int, last_logits_only: bool, staging: Path) -> bool:
+def _export_graph(model, family, num_layers: int, last_logits_only: bool, staging: Path, shared: bool) -> bool:
     """Trace the wrapped model and write staging/model.onnx; returns whether the weights went to external data."""
     # eval() on the wrapper too: the exporter restores the wrapper's mode afterwards, recursively.
-    wrapper = FlatCacheLM(model, family, num_layers, last_logits_only).eval()
+    if shared:
+        wrapper = FusedLM(model, num_layers, last_logits_only).eval()
+    else:
+        wrapper = FlatCacheLM(model, family, num_layers, last_logits_only).eval()
     kv = kv_shape(model)
-    # Distinct sizes on every dynamic axis, so the tracer cannot confuse one axis with another.
+    # Distinct sizes on every dynamic axis, so the tracer cannot confuse one axis with another; a
+    # shared buffer has room beyond the positions the step fills.
     batch, seq, past = 2, 3, 5
+    room = past + seq + 3 if shared else past
     ids = torch.randint(2, model.config.vocab_size, (batch, seq))
     mask = torch.ones(batch, past + seq, dtype=torch.int64)
     args = [ids, mask]
-    if family.position_ids:
+    if family.position_ids or shared:
         args.append(torch.arange(past, past + seq).expand(batch, seq).contiguous())
     dtype = next(model.parameters()).dtype
     for _ in range(2 * num_layers):
-        args.append(torch.randn(batch, kv.num_kv_heads, past, kv.head_dim, dtype=dtype))
+        args.append(torch.zeros(batch, kv.num_kv_heads, room, kv.head_dim, dtype=dtype))
     raw_dir = staging / "raw"
     raw_dir.mkdir()
-    with torch.no_grad(), warnings.catch_warnings(), static_rope(model):
+    names = input_names(family, num_layers, shared)
+    fused = fused_attention(model) if shared else nullcontext()
+    with torch.no_grad(), warnings.catch_warnings(), static_rope(model), fused:
         warnings.simplefilter("ignore")
         torch.onnx.export(
             wrapper,
             tuple(args),
             str(raw_dir / "model.onnx"),
-            input_names=input_names(family, num_layers),
+            input_names=names,
             output_names=output_names(num_layers),
-            dynamic_axes=dynamic_axes(family, num_layers, last_logits_only),
+            dynamic_axes=dynamic_axes(names, num_layers, last_logits_only, shared),
             opset_version=OPSET,
             do_constant_folding=True,
             dynamo=False,
+            custom_opsets={"com.microsoft": MS_OPSET} if shared else None,
         )
     graph = onnx.load(str(raw_dir / "model.onnx"))
     weight_bytes = sum(len(t.raw_data) for t in graph.graph.initializer)
@@ -234,10 +259,10 @@ def _export_graph(model, family, num_layers: int, last_logits_only: bool, stagin
     return external
 
 
-def _validate(model, onnx_path: Path, vocab_size: int, dtype: str) -> dict:
+def _validate(model, onnx_path: Path, vocab_size: int, dtype: str, shared: bool) -> dict:
     try:
         session = checks.ort_session(onnx_path)
-        diff = checks.max_abs_diff_against_torch(model, session, vocab_size)
+        diff = checks.max_abs_diff_against_torch(model, session, vocab_size, shared=shared)
     except Exception as exc:  # onnxruntime's CPU provider lacks some float16 kernels
         if dtype == "float32":
             raise
@@ -248,7 +273,14 @@ def _validate(model, onnx_path: Path, vocab_size: int, dtype: str) -> dict:
 
 
 def _quantize(
-    staging: Path, model, vocab_size: int, eval_ids: list[int] | None, log: _Progress, kind: str, nbits: dict
+    staging: Path,
+    model,
+    vocab_size: int,
+    eval_ids: list[int] | None,
+    log: _Progress,
+    kind: str,
+    nbits: dict,
+    shared: bool,
 ) -> dict:
     fp32_path, quant_path = staging / "model.onnx", staging / f"model.{kind}.onnx"
     fields: dict = {"weights_dtype": kind}
@@ -271,7 +303,9 @@ def _quantize(
         _relocate_external_data(fp32_path, "model.onnx.data")
     fields["external_data"] = external
     fields[f"validation_{kind}"] = {
-        "max_abs_diff": checks.max_abs_diff_against_torch(model, checks.ort_session(fp32_path), vocab_size)
+        "max_abs_diff": checks.max_abs_diff_against_torch(
+            model, checks.ort_session(fp32_path), vocab_size, shared=shared
+        )
     }
     if eval_ids is not None:
         with log.step(f"{kind} perplexity on {len(eval_ids)} tokens"):

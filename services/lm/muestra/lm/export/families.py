@@ -31,6 +31,9 @@ class Family:
     trained_context: int | None = None
     # Returns why this config cannot be exported (a variant of the family we do not trace), or None.
     refuse: Callable[[PretrainedConfig], str | None] | None = None
+    # Whether the fused layout (GroupQueryAttention over a shared KV buffer, fused.py) can hold
+    # the family's attention; ALiBi (BLOOM) adds a per-head bias the operator has no input for.
+    fused: bool = True
 
 
 def _falcon_refusal(config: PretrainedConfig) -> str | None:
@@ -58,7 +61,13 @@ FAMILIES: dict[str, Family] = {
         Family("opt"),
         Family("falcon", refuse=_falcon_refusal),
         Family("gpt2", context_fields=("n_positions", "n_ctx")),
-        Family("bloom", position_ids=False, context_fields=("seq_length",), trained_context=BLOOM_TRAINED_CONTEXT),
+        Family(
+            "bloom",
+            position_ids=False,
+            context_fields=("seq_length",),
+            trained_context=BLOOM_TRAINED_CONTEXT,
+            fused=False,
+        ),
     )
 }
 
@@ -142,9 +151,9 @@ def static_rope(model: nn.Module):
             module.rope_type = kind
 
 
-def input_names(family: Family, num_layers: int) -> list[str]:
+def input_names(family: Family, num_layers: int, fused: bool = False) -> list[str]:
     names = ["input_ids", "attention_mask"]
-    if family.position_ids:
+    if family.position_ids or fused:
         names.append("position_ids")
     for i in range(num_layers):
         names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
@@ -158,18 +167,20 @@ def output_names(num_layers: int) -> list[str]:
     return names
 
 
-def dynamic_axes(family: Family, num_layers: int, last_logits_only: bool) -> dict[str, dict[int, str]]:
+def dynamic_axes(inputs: list[str], num_layers: int, last_logits_only: bool, fused: bool = False) -> dict:
+    """The symbolic axes; a fused graph's present is as long as its past when one buffer is bound as both."""
     axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "past_sequence + sequence"},
         "logits": {0: "batch"} if last_logits_only else {0: "batch", 1: "sequence"},
     }
-    if family.position_ids:
+    if "position_ids" in inputs:
         axes["position_ids"] = {0: "batch", 1: "sequence"}
+    past, present = ("past_sequence", "present_sequence") if fused else ("past_sequence", "past_sequence + sequence")
     for i in range(num_layers):
         for kind in ("key", "value"):
-            axes[f"past_key_values.{i}.{kind}"] = {0: "batch", 2: "past_sequence"}
-            axes[f"present.{i}.{kind}"] = {0: "batch", 2: "past_sequence + sequence"}
+            axes[f"past_key_values.{i}.{kind}"] = {0: "batch", 2: past}
+            axes[f"present.{i}.{kind}"] = {0: "batch", 2: present}
     return axes
 
 

@@ -33,7 +33,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from bench import decode_models  # noqa: E402
+from bench import decode_models, llama_cpp  # noqa: E402
 from bench.decode_loops import BareLoop, IoBindingLoop, ServiceLoop, SharedBufferLoop, TorchLoop  # noqa: E402
 from muestra.v1 import lm_pb2  # noqa: E402
 
@@ -165,6 +165,50 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
     return result
 
 
+# Our precisions beside the llama.cpp type of the same weights.
+LLAMA_CPP_TYPES = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0"}
+VERSUS_PASTS = (64, 1000)
+VERSUS_BATCHES = (1, 8)
+
+
+def versus_llama_cpp(name: str, args, log_dir: Path) -> dict:
+    """Our fused export in each precision, through the lm and as a bare loop, against llama.cpp's
+    llama-bench (batch 1) and llama-batched-bench (batch 8) on the same weights, in one run."""
+    hf_dir, _ = decode_models.build(name, "fused")
+    vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(2)
+    rows: list[dict] = []
+    for precision in args.precisions.split(","):
+        quantize = None if precision == "fp32" else precision
+        _, onnx_dir = decode_models.build(name, "fused", quantize)
+        service = ServiceLoop(onnx_dir, args.threads, log_dir)
+        loops = {"service": service, "bare": SharedBufferLoop(onnx_dir, args.threads)}
+        try:
+            ours = {}
+            for batch in VERSUS_BATCHES:
+                for past in VERSUS_PASTS if batch == 1 else VERSUS_PASTS[:1]:
+                    prompts = np.repeat(rng.integers(3, vocab, (1, past)), batch, 0)
+                    seconds = fastest_chunks(loops, prompts, args.chunk, args.repeats)
+                    ours[batch, past] = {k: batch * args.chunk / s for k, s in seconds.items()}
+        finally:
+            service.close()
+        kind = LLAMA_CPP_TYPES[precision]
+        theirs = llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]
+        for (batch, past), figures in ours.items():
+            reference = theirs["tg"][past] if batch == 1 else theirs["batched"][batch]
+            rows.append(
+                {
+                    "precision": precision,
+                    "llama_cpp_type": kind,
+                    "batch": batch,
+                    "past": past,
+                    "llama_cpp": reference,
+                    **figures,
+                }
+            )
+    return {"llama_cpp": llama_cpp.SDIST, "rows": rows}
+
+
 def past_study(loops: dict, vocab: int, args) -> dict:
     """Decode step time after prompts of several lengths, and the prefill of a 1,024-token prompt."""
     rng = np.random.default_rng(1)
@@ -196,7 +240,7 @@ def markdown(results: list[dict], args) -> str:
     ]
     lines += ["| model | params | bare ORT loop | " + " | ".join(NAMES[k] for k in columns) + " | same tokens |"]
     lines += ["|---|---|---|" + "---|" * (len(columns) + 1)]
-    for r in results:
+    for r in (r for r in results if "tokens_per_s" in r):
         t = r["tokens_per_s"]
         cells = [f"{t[k]:.1f} ({t[k] / t['bare']:.2f}x)" if k in t else "n/a" for k in columns]
         same = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in r["tokens_equal"].items())
@@ -238,6 +282,26 @@ def markdown(results: list[dict], args) -> str:
             f"{p['service']:.0f} ms (forward {p['service forward']:.0f} ms){genai_prefill}.",
         ]
     for r in results:
+        if "versus" not in r:
+            continue
+        lines += [
+            "",
+            f"### {r['model']}: against llama.cpp on the same weights ({r['versus']['llama_cpp']} vendor, "
+            f"{args.threads} threads; decode tokens/s summed over rows, ratio to llama.cpp)",
+            "",
+        ]
+        lines += [
+            "| ours | llama.cpp | batch | past | llama.cpp | lm over gRPC | bare loop |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in r["versus"]["rows"]:
+            ref = row["llama_cpp"]
+            cells = [f"{row[k]:.1f} ({row[k] / ref:.2f}x)" for k in ("service", "bare")]
+            lines.append(
+                f"| {row['precision']} | {row['llama_cpp_type']} | {row['batch']} | {row['past']} | "
+                f"{ref:.1f} | " + " | ".join(cells) + " |"
+            )
+    for r in results:
         if "genai_error" in r:
             lines += ["", f"{r['model']}: onnxruntime-genai did not run: {r['genai_error']}"]
     return "\n".join(lines)
@@ -251,13 +315,19 @@ def main() -> None:
     parser.add_argument("--check-steps", type=int, default=32, help="greedy steps compared across contenders")
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
     parser.add_argument("--no-genai", action="store_true")
+    parser.add_argument("--only-versus", action="store_true", help="only the llama.cpp comparison")
+    parser.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (builds it once: minutes)")
+    parser.add_argument("--precisions", default="fp32,int8,int4", help="ours against llama.cpp, comma-separated")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="muestra-bench-") as log_dir:
         for name in args.models.split(","):
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-            results.append(bench_model(name, args, Path(log_dir)))
+            result = {"model": name} if args.only_versus else bench_model(name, args, Path(log_dir))
+            if (args.llama_cpp or args.only_versus) and name.startswith("llama") and not name.endswith("tiny"):
+                result["versus"] = versus_llama_cpp(name, args, Path(log_dir))
+            results.append(result)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
     print(markdown(results, args))

@@ -17,13 +17,19 @@ import onnxruntime as ort
 from muestra.v1 import lm_pb2, lm_pb2_grpc
 from tests.harness import ServiceProcess
 
+PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
+_KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
-def _session(path: Path, threads: int) -> ort.InferenceSession:
+
+def _session(path: Path, threads: int, device: str = "cpu") -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), options, providers=PROVIDERS[device])
+    if session.get_providers()[0] != PROVIDERS[device][0]:
+        raise RuntimeError(f"onnxruntime runs {path} on {session.get_providers()}, not {PROVIDERS[device]}")
+    return session
 
 
 class BareLoop:
@@ -90,10 +96,12 @@ class IoBindingLoop(BareLoop):
 
 class SharedBufferLoop:
     """A bare loop over a GroupQueryAttention graph (our fused export, or onnxruntime-genai's): one
-    preallocated buffer per layer is bound as both past and present, so a step appends in place."""
+    preallocated buffer per layer is bound as both past and present, so a step appends in place.
+    On `device` "cuda" the buffers are CUDA OrtValues: no KV crosses to the host per step."""
 
-    def __init__(self, model_dir: Path, threads: int, capacity: int = 2048) -> None:
-        self.session = _session(model_dir / "model.onnx", threads)
+    def __init__(self, model_dir: Path, threads: int, capacity: int = 2048, device: str = "cpu") -> None:
+        self.session = _session(model_dir / "model.onnx", threads, device)
+        self.device = device
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.has_positions = "position_ids" in inputs
         self.past_names = [n for n in inputs if n.startswith("past_key_values.")]
@@ -103,6 +111,7 @@ class SharedBufferLoop:
             self.heads, self.head_dim = config["num_key_value_heads"], config["head_size"]
         else:
             _, self.heads, _, self.head_dim = inputs[self.past_names[0]].shape
+        self.kv_dtype = _KV_DTYPES[inputs[self.past_names[0]].type]
         self.capacity = capacity
         self.binding = self.session.io_binding()
 
@@ -123,7 +132,10 @@ class SharedBufferLoop:
 
     def prefill(self, prompts: np.ndarray):
         shape = (prompts.shape[0], self.heads, self.capacity, self.head_dim)
-        buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for _ in self.past_names]
+        # One array each: on CPU an OrtValue shares its array's memory.
+        buffers = [
+            ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype), self.device, 0) for _ in self.past_names
+        ]
         return self._step(prompts, prompts.shape[1], buffers), prompts.shape[1], buffers
 
     def decode(self, state, steps: int):
@@ -142,8 +154,8 @@ class SharedBufferLoop:
 class ServiceLoop:
     """The lm service as a real process, driven over gRPC with ARGMAX outputs."""
 
-    def __init__(self, onnx_dir: Path, threads: int, log_dir: Path) -> None:
-        args = ["--model", str(onnx_dir), "--providers", "cpu", "--intra-op-threads", str(threads)]
+    def __init__(self, onnx_dir: Path, threads: int, log_dir: Path, providers: str = "cpu") -> None:
+        args = ["--model", str(onnx_dir), "--providers", providers, "--intra-op-threads", str(threads)]
         self.process = ServiceProcess("lm", [*args, "--max-batch-rows", "64", "--log-level", "WARNING"], log_dir)
         self.channel = grpc.insecure_channel(self.process.address)
         self.stub = lm_pb2_grpc.LanguageModelStub(self.channel)

@@ -60,23 +60,25 @@ def _save_tokenizer(out: Path, vocab_size: int) -> None:
     fast.save_pretrained(out)
 
 
-def build(name: str, layout: str = "fused") -> tuple[Path, Path]:
+def build(name: str, layout: str = "fused", quantize: str | None = None, dtype: str = "float32") -> tuple[Path, Path]:
     """(transformers folder, ONNX folder) of a bench model in the exporter's `layout` ("fused" or
-    "concat"), building and exporting it on first use."""
+    "concat") and precision (`quantize` None, "int8" or "int4"; `dtype` "float32" or "float16"),
+    building and exporting it on first use."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from muestra.lm.export import export_lm
 
     root = CACHE / name
-    hf_dir, onnx_dir = root / "hf", root / f"onnx-{layout}"
+    suffix = f"-{quantize}" if quantize else "-fp16" if dtype == "float16" else ""
+    hf_dir, onnx_dir = root / "hf", root / f"onnx-{layout}{suffix}"
     if (onnx_dir / "model.onnx").is_file():
         return hf_dir, onnx_dir
     root.mkdir(parents=True, exist_ok=True)
     if (hf_dir / "config.json").is_file():
         staging = Path(tempfile.mkdtemp(prefix=".export.", dir=root))
         try:
-            export_lm(hf_dir, staging / "onnx", progress=True, layout=layout)
+            export_lm(hf_dir, staging / "onnx", progress=True, layout=layout, quantize=quantize, dtype=dtype)
             (staging / "onnx").rename(onnx_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -91,7 +93,7 @@ def build(name: str, layout: str = "fused") -> tuple[Path, Path]:
         _save_tokenizer(staging / "hf", config.vocab_size)
         params = sum(p.numel() for p in model.parameters())
         (staging / "hf" / "bench.json").write_text(json.dumps({"parameters": params}))
-        export_lm(staging / "hf", staging / "onnx", progress=True, layout=layout)
+        export_lm(staging / "hf", staging / "onnx", progress=True, layout=layout, quantize=quantize, dtype=dtype)
         shutil.rmtree(root / "hf", ignore_errors=True)
         (staging / "hf").rename(hf_dir)
         (staging / "onnx").rename(onnx_dir)

@@ -2,9 +2,12 @@
 
     .venv/bin/python bench/generate.py                      # gpt2-124m and llama-tiny
     .venv/bin/python bench/generate.py --models llama-tiny --tokens 64
+    .venv/bin/python bench/generate.py --models llama-100m --precision int8
 
 Reports, per model, against baselines measured in the same run:
-- single-stream decode tokens/s through the gateway vs a bare in-process onnxruntime greedy loop;
+- single-stream decode tokens/s through the gateway vs the lm's own decode rate (the lm service
+  driven over gRPC with ARGMAX steps, as bench/decode.py does) and a bare in-process onnxruntime
+  greedy loop over the same graph;
 - aggregate tokens/s at 1, 4, 8 and 16 concurrent streams (and the ratio to one stream);
 - time to first token and inter-token latency, p50 and p95, as the client sees them;
 - 8 concurrent streams vs transformers generate serving the same 8 requests one after another.
@@ -31,7 +34,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import decode_models  # noqa: E402
-from bench.decode_loops import BareLoop, TorchLoop  # noqa: E402
+from bench.decode_loops import ServiceLoop, SharedBufferLoop, TorchLoop  # noqa: E402
 from muestra.client import Client  # noqa: E402
 from tests.harness import ServiceProcess  # noqa: E402
 
@@ -105,21 +108,24 @@ def aggregate_rate(results: list[dict]) -> float:
 
 
 def bench_model(name: str, args, log_dir: Path) -> dict:
-    hf_dir, onnx_dir = decode_models.build(name)
+    quantize = None if args.precision == "fp32" else args.precision
+    hf_dir, onnx_dir = decode_models.build(name, "fused", quantize)
     vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
-    bare = BareLoop(onnx_dir, args.threads)
+    bare = SharedBufferLoop(onnx_dir, args.threads)
     stack = Stack(onnx_dir, args.threads, log_dir, vocab)
+    lm = ServiceLoop(onnx_dir, args.threads, log_dir)
     try:
         prompt = prompt_ids(0, vocab)[None]
         stack.stream(0, 8)  # warm up every process
-        best: dict = {"bare": 0.0, "single": 0.0, **{c: 0.0 for c in CONCURRENCY}}
-        rounds: dict[str, list[float]] = {"bare": [], "single": []}
+        best: dict = {"bare": 0.0, "lm": 0.0, "single": 0.0, **{c: 0.0 for c in CONCURRENCY}}
+        rounds: dict[str, list[float]] = {"bare": [], "lm": [], "single": []}
         ttft, itl = [], []
         for _ in range(args.repeats):
-            seconds, _, _ = bare.decode(bare.prefill(prompt), args.tokens - 1)
-            rounds["bare"].append((args.tokens - 1) / seconds)
+            for key, loop in (("bare", bare), ("lm", lm)):
+                seconds, _, _ = loop.decode(loop.prefill(prompt), args.tokens - 1)
+                rounds[key].append((args.tokens - 1) / seconds)
             rounds["single"].append(decode_rate(stack.stream(0, args.tokens)))
-            best["bare"], best["single"] = max(rounds["bare"]), max(rounds["single"])
+            best.update({key: max(values) for key, values in rounds.items()})
             for streams in CONCURRENCY:
                 results = stack.concurrent(streams, args.tokens)
                 best[streams] = max(best[streams], aggregate_rate(results))
@@ -133,12 +139,16 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
             torch_loop.decode(prompt_ids(i, vocab)[None], args.tokens - 1)
         transformers_8 = 8 * args.tokens / (time.perf_counter() - started)
     finally:
+        lm.close()
         stack.close()
     return {
         "model": name,
+        "precision": args.precision,
         "parameters": decode_models.parameters(name),
         "tokens": args.tokens,
         "bare_tokens_per_s": best["bare"],
+        "lm_tokens_per_s": best["lm"],
+        "lm_tokens_per_s_median": float(np.median(rounds["lm"])),
         "gateway_single_tokens_per_s": best["single"],
         "bare_tokens_per_s_median": float(np.median(rounds["bare"])),
         "gateway_single_tokens_per_s_median": float(np.median(rounds["single"])),
@@ -151,18 +161,28 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| model | bare ORT loop tok/s | gateway, 1 stream tok/s | ratio (best) | ratio (median) |"
+        "| model | bare ORT loop tok/s | lm over gRPC tok/s | gateway, 1 stream tok/s | gateway / lm (best) |"
+        " gateway / lm (median) | gateway / bare (best) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        single, lm, bare = r["gateway_single_tokens_per_s"], r["lm_tokens_per_s"], r["bare_tokens_per_s"]
+        median = r["gateway_single_tokens_per_s_median"] / r["lm_tokens_per_s_median"]
+        lines.append(
+            f"| {r['model']} ({r['parameters'] / 1e6:.1f}M, {r['precision']}) | {bare:.1f} | {lm:.1f} | {single:.1f} |"
+            f" {single / lm:.2f}x | {median:.2f}x | {single / bare:.2f}x |"
+        )
+    lines += [
+        "",
+        "| model |"
         + "".join(f" {c} streams tok/s |" for c in CONCURRENCY)
         + " 8 vs 1 | transformers, 8 one by one tok/s | gateway 8 vs transformers |",
-        "|---|---:|---:|---:|---:|" + "---:|" * len(CONCURRENCY) + "---:|---:|---:|",
+        "|---|" + "---:|" * len(CONCURRENCY) + "---:|---:|---:|",
     ]
     for r in results:
         agg = r["aggregate_tokens_per_s"]
-        single, bare = r["gateway_single_tokens_per_s"], r["bare_tokens_per_s"]
-        median = r["gateway_single_tokens_per_s_median"] / r["bare_tokens_per_s_median"]
         lines.append(
-            f"| {r['model']} ({r['parameters'] / 1e6:.1f}M) | {bare:.1f} | {single:.1f} | {single / bare:.2f}x |"
-            f" {median:.2f}x |"
+            f"| {r['model']} ({r['precision']}) |"
             + "".join(f" {agg[c]:.1f} |" for c in CONCURRENCY)
             + f" {agg[8] / agg[1]:.2f}x | {r['transformers_sequential_8_tokens_per_s']:.1f} |"
             f" {agg[8] / r['transformers_sequential_8_tokens_per_s']:.2f}x |"
@@ -184,6 +204,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gpt2-124m", "llama-tiny"], choices=decode_models.MODELS)
     parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4"], help="of the fused export")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw figures here")

@@ -1,0 +1,164 @@
+"""Where a decode step's time goes: onnxruntime's profiler on the fused export, per precision.
+
+    .venv/bin/python bench/profile_decode.py                      # llama-100m, fp32, int8, int4
+    .venv/bin/python bench/profile_decode.py --models gpt2-124m --precisions fp32
+
+For each precision of the bench model (bench/decode_models.py, fused layout, batch 1, a 64-token
+past) it reports, from one run:
+- the step's wall time in a bare shared-buffer loop and the sum of the kernels onnxruntime timed;
+- the time per operator type (MatMul, MatMulNBits, GroupQueryAttention, ...), its share, and the
+  number of kernel calls per step: what is left between the kernels' sum and the wall time is
+  dispatch (onnxruntime's executor between kernels);
+- the bytes of weights one step reads and the bandwidth that takes, against this machine's memory
+  bandwidth measured in the same run (numpy reading a 1 GiB array on one thread): how close the matrix
+  multiplications are to the bandwidth limit;
+- the lm over gRPC: its round trip per step against the forward time the lm itself reports, the
+  difference being the lm's bookkeeping and gRPC.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import json  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+from bench import decode_models  # noqa: E402
+from bench.decode_loops import ServiceLoop, SharedBufferLoop  # noqa: E402
+from muestra.v1 import lm_pb2  # noqa: E402
+
+PAST = 64
+
+
+def memory_bandwidth_gbs(repeats: int = 5) -> float:
+    """GB/s of numpy summing a 1 GiB float32 array on one thread (the best of `repeats`)."""
+    data = np.ones(1 << 28, np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - started)
+    return data.nbytes / best / 1e9
+
+
+def weight_bytes(onnx_dir: Path) -> int:
+    """Bytes of the initializers (weights) a step reads: every one, once (embeddings gather one row:
+    the vocabulary projection reads the tied table whole)."""
+    model = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
+    total = 0
+    for tensor in model.graph.initializer:
+        size = int(np.prod(tensor.dims)) if tensor.dims else 1
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            length = next((int(e.value) for e in tensor.external_data if e.key == "length"), 0)
+            total += length
+        else:
+            total += size * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return total
+
+
+def profiled_steps(onnx_dir: Path, threads: int, steps: int, vocab: int) -> tuple[dict, float, int]:
+    """({op type: (microseconds per step, kernel calls per step)}, wall ms per step, kernels per step)."""
+    loop = SharedBufferLoop(onnx_dir, threads)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    with tempfile.TemporaryDirectory(prefix="muestra-profile-") as scratch:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(scratch) / "step")
+        loop.session = ort.InferenceSession(str(onnx_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        loop.binding = loop.session.io_binding()
+        prompt = np.random.default_rng(0).integers(3, vocab, (1, PAST))
+        state = loop.prefill(prompt)
+        loop.decode(state, 4)  # warm
+        seconds, _, _ = loop.decode(state, steps)
+        trace = json.loads(Path(loop.session.end_profiling()).read_text())
+    runs = [e for e in trace if e.get("cat") == "Session" and e["name"] == "model_run"]
+    kernels = [e for e in trace if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    # The last `steps` runs are the timed decode steps; keep the kernels inside them.
+    timed = runs[-steps:]
+    start, end = timed[0]["ts"], timed[-1]["ts"] + timed[-1]["dur"]
+    inside = [k for k in kernels if start <= k["ts"] <= end]
+    per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for kernel in inside:
+        entry = per_op[kernel["args"]["op_name"]]
+        entry[0] += kernel["dur"]
+        entry[1] += 1
+    table = {op: (us / steps, calls / steps) for op, (us, calls) in per_op.items()}
+    return table, seconds / steps * 1000, len(inside) // steps
+
+
+def service_overhead(onnx_dir: Path, threads: int, steps: int, vocab: int, log_dir: Path) -> tuple[float, float]:
+    """(round-trip ms per step through the lm over gRPC, forward ms the lm reports), fastest of `steps`."""
+    service = ServiceLoop(onnx_dir, threads, log_dir)
+    try:
+        prompt = np.random.default_rng(0).integers(3, vocab, (1, PAST))
+        batch_id, token = service.prefill(prompt)
+        best_trip, best_forward = float("inf"), float("inf")
+        for _ in range(steps):
+            started = time.perf_counter()
+            reply = service.stub.Decode(
+                lm_pb2.DecodeRequest(batches=[lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=token)])
+            )
+            trip = time.perf_counter() - started
+            batch_id, token = reply.batch_id, [r.argmax for r in reply.output.rows]
+            if trip < best_trip:
+                best_trip, best_forward = trip, reply.timing.forward_us / 1e6
+        return best_trip * 1000, best_forward * 1000
+    finally:
+        service.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="llama-100m")
+    parser.add_argument("--precisions", default="fp32,int8,int4")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=32)
+    args = parser.parse_args()
+    bandwidth = memory_bandwidth_gbs()
+    lines = [f"Memory bandwidth (numpy sum of a 1 GiB array, one thread, same run): {bandwidth:.1f} GB/s", ""]
+    with tempfile.TemporaryDirectory(prefix="muestra-profile-logs-") as log_dir:
+        for name in args.models.split(","):
+            for precision in args.precisions.split(","):
+                quantize = None if precision == "fp32" else precision
+                hf_dir, onnx_dir = decode_models.build(name, "fused", quantize)
+                vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+                table, wall_ms, kernel_calls = profiled_steps(onnx_dir, args.threads, args.steps, vocab)
+                trip_ms, forward_ms = service_overhead(onnx_dir, args.threads, args.steps, vocab, Path(log_dir))
+                weights = weight_bytes(onnx_dir)
+                kernels_ms = sum(us for us, _ in table.values()) / 1000
+                floor_ms = weights / bandwidth / 1e6
+                lines += [
+                    f"### {name} {precision}: batch 1, past {PAST}, {args.threads} threads",
+                    "",
+                    f"- step wall time (bare shared-buffer loop, profiler on): {wall_ms:.2f} ms; kernels' sum "
+                    f"{kernels_ms:.2f} ms in {kernel_calls} kernel calls; between kernels (dispatch) "
+                    f"{wall_ms - kernels_ms:.2f} ms ({(wall_ms - kernels_ms) / kernel_calls * 1000:.1f} us a call)",
+                    f"- weights read per step: {weights / 1e6:.1f} MB; at {bandwidth:.1f} GB/s: {floor_ms:.2f} ms "
+                    f"(the step is {wall_ms / floor_ms:.2f}x the bandwidth floor)",
+                    f"- lm over gRPC: {trip_ms:.2f} ms a step round trip, the lm's forward {forward_ms:.2f} ms; "
+                    f"bookkeeping and gRPC {trip_ms - forward_ms:.2f} ms",
+                    "",
+                    "| operator | ms a step | share of kernels | calls a step |",
+                    "|---|---|---|---|",
+                ]
+                for op, (us, calls) in sorted(table.items(), key=lambda item: -item[1][0]):
+                    lines.append(f"| {op} | {us / 1000:.3f} | {us / 1000 / kernels_ms:.1%} | {calls:.0f} |")
+                lines.append("")
+                print(f"[profile] {name} {precision} done", file=sys.stderr, flush=True)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""llama.cpp as bench/decode.py's bar, on the same weights: built from the source vendored in the
+llama-cpp-python sdist, the bench's transformers folder converted with llama.cpp's own converter,
+quantized with llama-quantize, timed with llama-bench and llama-batched-bench.
+
+    .venv/bin/python -m bench.llama_cpp --model llama-100m     # build (minutes, cached), convert, time
+
+Nothing here runs in CI (the build compiles for minutes); tests/bench/test_llama_cpp_parsing.py
+checks the parsing of the tools' output on captured samples. The build is cached under
+~/.cache/muestra/llama.cpp (MUESTRA_LLAMA_CPP_CACHE), the GGUF files beside the bench's models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("MUESTRA_LLAMA_CPP_CACHE", Path.home() / ".cache" / "muestra" / "llama.cpp"))
+# The sdist whose vendor/llama.cpp is built; pinned so that a figure names the llama.cpp it measured.
+SDIST = "llama-cpp-python==0.3.36"
+TOOLS = ("llama-bench", "llama-quantize", "llama-batched-bench")
+QUANTS = ("Q8_0", "Q4_0")
+
+
+def source_dir() -> Path:
+    """vendor/llama.cpp of the pinned sdist, downloaded from PyPI and unpacked once."""
+    unpacked = CACHE / SDIST.replace("==", "-")
+    source = unpacked / "llama.cpp"
+    if (source / "CMakeLists.txt").is_file():
+        return source
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sdist-", dir=CACHE) as scratch:
+        command = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps", SDIST]
+        subprocess.run([*command, "-d", scratch], check=True)
+        (archive,) = Path(scratch).glob("*.tar.gz")
+        with tarfile.open(archive) as tar:
+            tar.extractall(scratch, filter="data")
+        (vendored,) = Path(scratch).glob("*/vendor/llama.cpp")
+        unpacked.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(vendored), source)
+    return source
+
+
+def build() -> Path:
+    """The folder holding llama-bench, llama-quantize and llama-batched-bench (CPU, native ISA)."""
+    source = source_dir()
+    binaries = source / "build" / "bin"
+    if all((binaries / tool).is_file() for tool in TOOLS):
+        return binaries
+    configure = ["cmake", "-S", str(source), "-B", str(source / "build"), "-DCMAKE_BUILD_TYPE=Release"]
+    configure += ["-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
+    subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
+    jobs = str(os.cpu_count() or 2)
+    subprocess.run(["cmake", "--build", str(source / "build"), "-j", jobs, "--target", *TOOLS], check=True)
+    return binaries
+
+
+def llama_tokenizer(out: Path, vocab_size: int) -> None:
+    """A Llama-2-style tokenizer.json (BPE, byte fallback, metaspace) of exactly `vocab_size` tokens.
+
+    llama.cpp's converter reads such a tokenizer without a pre-tokenizer hash; the bench's own
+    word-level tokenizer has no merges. It is trained on CPython's standard-library sources, and
+    never used to encode text here: the bench feeds token ids.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    specials = ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials + byte_tokens, show_progress=False, limit_alphabet=200
+    )
+    stdlib = Path(os.__file__).parent
+    files = sorted(str(p) for p in stdlib.glob("*.py"))
+    tokenizer.train(files, trainer)
+    missing = vocab_size - tokenizer.get_vocab_size()
+    if missing > 0:  # the corpus ran out of merges: fill with plain tokens so the table matches the model
+        tokenizer.add_tokens([f"<filler_{i}>" for i in range(missing)])
+    if tokenizer.get_vocab_size() != vocab_size:
+        raise RuntimeError(f"tokenizer has {tokenizer.get_vocab_size()} tokens, the model {vocab_size}")
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def gguf_models(name: str, hf_dir: Path, binaries: Path) -> dict[str, Path]:
+    """F32, Q8_0 and Q4_0 GGUF files of the bench model in hf_dir, converted once."""
+    folder = hf_dir.parent / "gguf"
+    files = {"F32": folder / "model-f32.gguf", **{q: folder / f"model-{q.lower()}.gguf" for q in QUANTS}}
+    if all(p.is_file() for p in files.values()):
+        return files
+    folder.mkdir(parents=True, exist_ok=True)
+    source = binaries.parents[1]
+    config = json.loads((hf_dir / "config.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="convert-", dir=folder) as scratch:
+        staged = Path(scratch) / "hf"
+        staged.mkdir()
+        for item in hf_dir.iterdir():
+            if item.name not in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+                (staged / item.name).symlink_to(item.resolve())
+        llama_tokenizer(staged, config["vocab_size"])
+        environment = {**os.environ, "PYTHONPATH": str(source / "gguf-py")}
+        convert = [sys.executable, str(source / "convert_hf_to_gguf.py"), str(staged)]
+        subprocess.run([*convert, "--outtype", "f32", "--outfile", str(files["F32"])], check=True, env=environment)
+    for quant in QUANTS:
+        subprocess.run([str(binaries / "llama-quantize"), str(files["F32"]), str(files[quant]), quant], check=True)
+    return files
+
+
+def parse_llama_bench(output: str) -> list[dict]:
+    """llama-bench `-o json` output -> [{"test": "tg64", "depth": 0, "tokens_per_s": ..., "stddev": ...}]."""
+    rows = []
+    for entry in json.loads(output):
+        prompt, generated = int(entry["n_prompt"]), int(entry["n_gen"])
+        test = f"pp{prompt}" if prompt and not generated else f"tg{generated}"
+        if prompt and generated:
+            test = f"pp{prompt}+tg{generated}"
+        rows.append(
+            {
+                "test": test,
+                "depth": int(entry.get("n_depth", 0)),
+                "threads": int(entry["n_threads"]),
+                "type": entry.get("model_type", ""),
+                "tokens_per_s": float(entry["avg_ts"]),
+                "stddev": float(entry["stddev_ts"]),
+            }
+        )
+    return rows
+
+
+_BATCHED_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|(.*)\|\s*$")
+
+
+def parse_batched_bench(output: str) -> list[dict]:
+    """llama-batched-bench's markdown table -> [{"pp", "tg", "batch", "tg_tokens_per_s", ...}].
+
+    Columns: PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s.
+    """
+    rows = []
+    for line in output.splitlines():
+        match = _BATCHED_ROW.match(line.strip())
+        if not match:
+            continue
+        pp, tg, batch, n_kv = (int(match.group(i)) for i in range(1, 5))
+        cells = [c.strip() for c in match.group(5).split("|")]
+        if len(cells) != 6:
+            continue
+        _, s_pp, _, s_tg, _, _ = (float(c) for c in cells)
+        rows.append(
+            {"pp": pp, "tg": tg, "batch": batch, "n_kv": n_kv, "pp_tokens_per_s": s_pp, "tg_tokens_per_s": s_tg}
+        )
+    return rows
+
+
+def llama_bench(binaries: Path, model: Path, threads: int, depths: tuple[int, ...], generate: int = 64) -> list[dict]:
+    """Decode tokens/s at each depth (tokens already in the KV before the timed generation)."""
+    command = [str(binaries / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(generate)]
+    command += ["-d", ",".join(map(str, depths)), "-o", "json", "-r", "3"]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return parse_llama_bench(done.stdout)
+
+
+def batched_bench(binaries: Path, model: Path, threads: int, batches: tuple[int, ...], prompt: int = 64) -> list[dict]:
+    """Summed decode tokens/s of `batch` parallel sequences after a `prompt`-token prompt each."""
+    context = max(batches) * (prompt + 64) + 64
+    command = [str(binaries / "llama-batched-bench"), "-m", str(model), "-t", str(threads), "-c", str(context)]
+    command += ["-npp", str(prompt), "-ntg", "32", "-npl", ",".join(map(str, batches))]
+    # Its table goes through llama.cpp's log, which may write to either stream.
+    done = subprocess.run(command, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return parse_batched_bench(done.stdout)
+
+
+def run(
+    name: str,
+    threads: int,
+    depths: tuple[int, ...],
+    batches: tuple[int, ...],
+    kinds: tuple[str, ...] = ("F32", *QUANTS),
+) -> dict:
+    """llama.cpp's figures for one bench model: {"F32": {"tg": {depth: tok/s}, "batched": {b: tok/s}}, ...}."""
+    from bench import decode_models
+
+    hf_dir, _ = decode_models.build(name, "fused")
+    binaries = build()
+    figures: dict = {"llama.cpp": SDIST, "threads": threads}
+    for kind, path in gguf_models(name, hf_dir, binaries).items():
+        if kind not in kinds:
+            continue
+        single = llama_bench(binaries, path, threads, depths)
+        batched = batched_bench(binaries, path, threads, batches) if batches else []
+        figures[kind] = {
+            "tg": {row["depth"]: row["tokens_per_s"] for row in single},
+            "batched": {row["batch"]: row["tg_tokens_per_s"] for row in batched},
+        }
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-100m")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--depths", default="0,1000")
+    parser.add_argument("--batches", default="1,8")
+    args = parser.parse_args()
+    depths = tuple(int(d) for d in args.depths.split(","))
+    batches = tuple(int(b) for b in args.batches.split(",") if b)
+    print(json.dumps(run(args.model, args.threads, depths, batches), indent=2))
+
+
+if __name__ == "__main__":
+    main()

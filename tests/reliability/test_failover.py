@@ -194,7 +194,9 @@ def test_a_request_that_streamed_nothing_moves_off_a_replica_that_dies(two_repli
             await lm_idle(stack, lm0)
             lm0.pause()  # its prefill will not answer
             stuck = Stream(stub, prompt, max_tokens=16)
-            await asyncio.sleep(1.5)
+            # Less than the health timeout (1 s): the first health check sent after the pause cannot have failed
+            # yet, so the request is still waiting on lm0 rather than already moved to lm1 and streaming there.
+            await asyncio.sleep(0.5)
             assert not stuck.ids
             lm0.kill()
             await asyncio.wait_for(stuck.task, 30)

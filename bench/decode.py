@@ -34,7 +34,14 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import decode_models, llama_cpp  # noqa: E402
-from bench.decode_loops import BareLoop, IoBindingLoop, ServiceLoop, SharedBufferLoop, TorchLoop  # noqa: E402
+from bench.decode_loops import (  # noqa: E402
+    BareLoop,
+    IoBindingLoop,
+    ServiceLoop,
+    SharedBufferLoop,
+    StreamLoop,
+    TorchLoop,
+)
 from muestra.v1 import lm_pb2  # noqa: E402
 
 GENAI_VENV = Path(os.environ.get("MUESTRA_GENAI_VENV", ROOT / ".venv-genai"))
@@ -181,8 +188,8 @@ def versus_llama_cpp(name: str, args, log_dir: Path) -> dict:
     for precision in args.precisions.split(","):
         quantize = None if precision == "fp32" else precision
         _, onnx_dir = decode_models.build(name, "fused", quantize)
-        service = ServiceLoop(onnx_dir, args.threads, log_dir)
-        loops = {"service": service, "bare": SharedBufferLoop(onnx_dir, args.threads)}
+        service, stream = ServiceLoop(onnx_dir, args.threads, log_dir), StreamLoop(onnx_dir, args.threads, log_dir)
+        loops = {"stream": stream, "service": service, "bare": SharedBufferLoop(onnx_dir, args.threads)}
         try:
             ours = {}
             for batch in VERSUS_BATCHES:
@@ -192,6 +199,7 @@ def versus_llama_cpp(name: str, args, log_dir: Path) -> dict:
                     ours[batch, past] = {k: batch * args.chunk / s for k, s in seconds.items()}
         finally:
             service.close()
+            stream.close()
         kind = LLAMA_CPP_TYPES[precision]
         theirs = llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]
         for (batch, past), figures in ours.items():
@@ -296,7 +304,7 @@ def markdown(results: list[dict], args) -> str:
         ]
         for row in r["versus"]["rows"]:
             ref = row["llama_cpp"]
-            cells = [f"{row[k]:.1f} ({row[k] / ref:.2f}x)" for k in ("service", "bare")]
+            cells = [f"{row[k]:.1f} ({row[k] / ref:.2f}x)" for k in ("stream", "service", "bare")]
             lines.append(
                 f"| {row['precision']} | {row['llama_cpp_type']} | {row['batch']} | {row['past']} | "
                 f"{ref:.1f} | " + " | ".join(cells) + " |"

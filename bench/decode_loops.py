@@ -7,6 +7,7 @@ so a long prompt is run once and its decode steps measured many times.
 from __future__ import annotations
 
 import json
+import queue
 import time
 from pathlib import Path
 
@@ -184,6 +185,32 @@ class ServiceLoop:
     def close(self) -> None:
         self.channel.close()
         self.process.stop()
+
+
+class StreamLoop(ServiceLoop):
+    """The lm driven as the gateway drives it: decode steps over one BatchSteps stream (a message
+    each way per step), not a unary Decode call per step."""
+
+    def __init__(self, onnx_dir: Path, threads: int, log_dir: Path, providers: str = "cpu") -> None:
+        super().__init__(onnx_dir, threads, log_dir, providers)
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.replies = self.stub.BatchSteps(iter(self.requests.get, None))
+
+    def decode(self, state, steps: int):
+        batch_id, token = state
+        tokens = []
+        started = time.perf_counter()
+        for _ in range(steps):
+            batch = lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=token)
+            self.requests.put(lm_pb2.BatchStepRequest(decode=lm_pb2.DecodeRequest(batches=[batch])))
+            reply = next(self.replies).decode
+            batch_id, token = reply.batch_id, [r.argmax for r in reply.output.rows]
+            tokens.append(token)
+        return time.perf_counter() - started, [list(t) for t in zip(*tokens, strict=True)], (batch_id, token)
+
+    def close(self) -> None:
+        self.requests.put(None)
+        super().close()
 
 
 class TorchLoop:

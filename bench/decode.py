@@ -27,6 +27,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -328,6 +329,8 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,int8,int4", help="ours against llama.cpp, comma-separated")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
+    # Stopped with SIGTERM, the bench still runs its cleanups (the lm processes it started end with it).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = []
     with tempfile.TemporaryDirectory(prefix="muestra-bench-") as log_dir:
         for name in args.models.split(","):

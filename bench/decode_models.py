@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -46,6 +47,35 @@ def _configs() -> dict:
 
 
 MODELS = ["gpt2-124m", "llama-100m", "llama-tiny"]
+# Written into each ONNX folder: an export made by other exporter sources is made again.
+EXPORT_KEY_FILE = "bench_export.key"
+
+
+def _export_key() -> str:
+    """The exporter's sources and the torch and transformers versions it traced with."""
+    import torch
+    import transformers
+
+    from muestra.lm import export
+
+    digest = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
+    for path in sorted(Path(export.__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _export(hf_dir: Path, onnx_dir: Path, root: Path, **options) -> None:
+    """Export hf_dir to onnx_dir (replacing an export made by other sources), stamped with the key."""
+    from muestra.lm.export import export_lm
+
+    staging = Path(tempfile.mkdtemp(prefix=".export.", dir=root))
+    try:
+        export_lm(hf_dir, staging / "onnx", progress=True, **options)
+        (staging / "onnx" / EXPORT_KEY_FILE).write_text(_export_key() + "\n")
+        shutil.rmtree(onnx_dir, ignore_errors=True)
+        (staging / "onnx").rename(onnx_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _save_tokenizer(out: Path, vocab_size: int) -> None:
@@ -67,38 +97,30 @@ def build(name: str, layout: str = "fused", quantize: str | None = None, dtype: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from muestra.lm.export import export_lm
-
     root = CACHE / name
     suffix = f"-{quantize}" if quantize else "-fp16" if dtype == "float16" else ""
     hf_dir, onnx_dir = root / "hf", root / f"onnx-{layout}{suffix}"
-    if (onnx_dir / "model.onnx").is_file():
+    key = onnx_dir / EXPORT_KEY_FILE
+    if (onnx_dir / "model.onnx").is_file() and key.is_file() and key.read_text().strip() == _export_key():
         return hf_dir, onnx_dir
     root.mkdir(parents=True, exist_ok=True)
-    if (hf_dir / "config.json").is_file():
-        staging = Path(tempfile.mkdtemp(prefix=".export.", dir=root))
+    options = {"layout": layout, "quantize": quantize, "dtype": dtype}
+    if not (hf_dir / "config.json").is_file():
+        staging = Path(tempfile.mkdtemp(prefix=".build.", dir=root))
         try:
-            export_lm(hf_dir, staging / "onnx", progress=True, layout=layout, quantize=quantize, dtype=dtype)
-            (staging / "onnx").rename(onnx_dir)
+            torch.manual_seed(SEED)
+            config = _configs()[name]
+            model = AutoModelForCausalLM.from_config(config).eval()
+            model.save_pretrained(staging / "hf")
+            model.generation_config.save_pretrained(staging / "hf")
+            _save_tokenizer(staging / "hf", config.vocab_size)
+            params = sum(p.numel() for p in model.parameters())
+            (staging / "hf" / "bench.json").write_text(json.dumps({"parameters": params}))
+            shutil.rmtree(hf_dir, ignore_errors=True)
+            (staging / "hf").rename(hf_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return hf_dir, onnx_dir
-    staging = Path(tempfile.mkdtemp(prefix=".build.", dir=root))
-    try:
-        torch.manual_seed(SEED)
-        config = _configs()[name]
-        model = AutoModelForCausalLM.from_config(config).eval()
-        model.save_pretrained(staging / "hf")
-        model.generation_config.save_pretrained(staging / "hf")
-        _save_tokenizer(staging / "hf", config.vocab_size)
-        params = sum(p.numel() for p in model.parameters())
-        (staging / "hf" / "bench.json").write_text(json.dumps({"parameters": params}))
-        export_lm(staging / "hf", staging / "onnx", progress=True, layout=layout, quantize=quantize, dtype=dtype)
-        shutil.rmtree(root / "hf", ignore_errors=True)
-        (staging / "hf").rename(hf_dir)
-        (staging / "onnx").rename(onnx_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _export(hf_dir, onnx_dir, root, **options)
     return hf_dir, onnx_dir
 
 

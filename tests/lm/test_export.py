@@ -231,3 +231,26 @@ def test_metadata_describes_the_export(tiny_lm, family):
     assert metadata["num_layers"] == config.num_hidden_layers
     assert metadata["external_data"] is False
     assert 0 <= metadata["validation"]["max_abs_diff"] <= TOLERANCE
+
+
+# Families whose rotary is the half-rotation over the whole head: GroupQueryAttention applies it.
+KERNEL_ROTARY = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma2", "falcon"]
+
+
+@pytest.mark.parametrize("family", [m for m in FUSED if m in [*KERNEL_ROTARY, "gpt_neox", "stablelm", "opt"]])
+def test_the_kernel_rotates_where_the_family_rotates_whole_heads(tiny_lm, family):
+    """Full-head rotary moves into GroupQueryAttention (no traced rotate-half left: no Neg); partial
+    rotary (GPT-NeoX, StableLM) stays transformers' traced code; OPT has none."""
+    lm = tiny_lm(family)
+    metadata = json.loads((lm.onnx_dir / "muestra_export.json").read_text())
+    graph = onnx.load(str(lm.onnx_dir / "model.onnx")).graph
+    attentions = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    do_rotary = {a.i for n in attentions for a in n.attribute if a.name == "do_rotary"}
+    negations = sum(n.op_type == "Neg" for n in graph.node)
+    if family in KERNEL_ROTARY:
+        assert metadata["rotary"] == "kernel" and do_rotary == {1}
+        assert all(len(n.input) == 10 and n.input[9] == "position_ids" for n in attentions)
+        assert negations == 0, f"{negations} Neg nodes: transformers' rotate_half was traced"
+    else:
+        assert metadata["rotary"] == "traced" and do_rotary <= {0}
+        assert negations == (2 * len(attentions) if family != "opt" else 0)

@@ -27,7 +27,7 @@ from muestra.lm.export.families import (
     output_names,
     static_rope,
 )
-from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention
+from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention, kernel_rotary
 from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8, quantize_nbits
 
 METADATA_FILE = "muestra_export.json"
@@ -131,7 +131,9 @@ def export_lm(
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         with log.step(f"tracing to ONNX (opset {OPSET}, {kv.num_layers} layers, {dtype}, {layout} layout)"):
-            external = _export_graph(model, family, kv.num_layers, last_logits_only, staging, shared)
+            with static_rope(model):  # the frequencies the trace keeps
+                rotary = kernel_rotary(model, kv.head_dim, context) if shared else None
+            external = _export_graph(model, family, kv.num_layers, last_logits_only, staging, shared, rotary)
         metadata = {
             "format": METADATA_FORMAT,
             "family": family.name,
@@ -141,6 +143,8 @@ def export_lm(
             "weights_dtype": dtype,
             "layout": layout,
             "kv_storage": "shared" if shared else "concat",
+            # kernel: GroupQueryAttention rotates queries and keys from cos/sin tables; traced: transformers' code.
+            "rotary": "kernel" if rotary is not None else "traced",
             "position_ids": family.position_ids or shared,
             "num_layers": kv.num_layers,
             "num_kv_heads": kv.num_kv_heads,
@@ -207,11 +211,13 @@ def _check_source(src: Path):
     return FAMILIES[model_type]
 
 
-def _export_graph(model, family, num_layers: int, last_logits_only: bool, staging: Path, shared: bool) -> bool:
+def _export_graph(
+    model, family, num_layers: int, last_logits_only: bool, staging: Path, shared: bool, rotary=None
+) -> bool:
     """Trace the wrapped model and write staging/model.onnx; returns whether the weights went to external data."""
     # eval() on the wrapper too: the exporter restores the wrapper's mode afterwards, recursively.
     if shared:
-        wrapper = FusedLM(model, num_layers, last_logits_only).eval()
+        wrapper = FusedLM(model, num_layers, last_logits_only, rotary).eval()
     else:
         wrapper = FlatCacheLM(model, family, num_layers, last_logits_only).eval()
     kv = kv_shape(model)

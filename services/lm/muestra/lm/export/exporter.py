@@ -29,6 +29,7 @@ from muestra.lm.export.families import (
 )
 from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention, kernel_rotary
 from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8, quantize_nbits
+from muestra.lm.export.simplify import constant_reshapes
 
 METADATA_FILE = "muestra_export.json"
 METADATA_FORMAT = 1
@@ -252,6 +253,7 @@ def _export_graph(
             custom_opsets={"com.microsoft": MS_OPSET} if shared else None,
         )
     graph = onnx.load(str(raw_dir / "model.onnx"))
+    constant_reshapes(graph)
     weight_bytes = sum(len(t.raw_data) for t in graph.graph.initializer)
     external = weight_bytes > EXTERNAL_DATA_THRESHOLD
     onnx.save_model(
@@ -323,7 +325,9 @@ def _quantize(
 
 def _relocate_external_data(model_path: Path, location: str) -> None:
     graph = onnx.load(str(model_path), load_external_data=False)
-    for tensor in graph.graph.initializer:
+    # Constant nodes too: the quantizer moves large ones (the rotary tables) to external data as well.
+    constants = [a.t for node in graph.graph.node for a in node.attribute if a.HasField("t")]
+    for tensor in [*graph.graph.initializer, *constants]:
         for entry in tensor.external_data:
             if entry.key == "location":
                 entry.value = location

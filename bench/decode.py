@@ -243,6 +243,8 @@ def past_study(loops: dict, vocab: int, args) -> dict:
 
 def markdown(results: list[dict], args) -> str:
     columns = [k for k in NAMES if k != "bare"]
+    if args.only_versus:
+        return _versus_markdown(results, args, [])
     lines = [
         f"### Single stream, greedy: decode tokens/s (fastest {args.chunk}-step chunk; ratio to the bare loop)",
         "",
@@ -290,6 +292,10 @@ def markdown(results: list[dict], args) -> str:
             f"Prefill of a 1,024-token prompt ({r['model']}): bare {p['bare']:.0f} ms, lm over gRPC "
             f"{p['service']:.0f} ms (forward {p['service forward']:.0f} ms){genai_prefill}.",
         ]
+    return _versus_markdown(results, args, lines)
+
+
+def _versus_markdown(results: list[dict], args, lines: list[str]) -> str:
     for r in results:
         if "versus" not in r:
             continue
@@ -300,8 +306,9 @@ def markdown(results: list[dict], args) -> str:
             "",
         ]
         lines += [
-            "| ours | llama.cpp | batch | past | llama.cpp | lm over gRPC | bare loop |",
-            "|---|---|---|---|---|---|---|",
+            "| ours | llama.cpp | batch | past | llama.cpp | lm over gRPC, BatchSteps stream | "
+            "lm over gRPC, unary Decode | bare loop |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for row in r["versus"]["rows"]:
             ref = row["llama_cpp"]

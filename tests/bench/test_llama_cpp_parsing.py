@@ -14,6 +14,7 @@ def test_llama_bench_json_gives_tokens_per_second_per_depth():
     rows = parse_llama_bench((SAMPLES / "llama-bench.json").read_text())
     assert [(r["test"], r["depth"], r["threads"]) for r in rows] == [("tg16", 0, 2), ("tg16", 64, 2)]
     assert rows[0]["tokens_per_s"] == 193.493814 and rows[0]["stddev"] == 17.307707
+    assert [r["fastest_tokens_per_s"] for r in rows] == [205.732, 213.271]
     assert rows[0]["type"] == "llama ?B Q4_0"
     assert all(r["tokens_per_s"] > 0 for r in rows)
 

@@ -254,3 +254,19 @@ def test_the_kernel_rotates_where_the_family_rotates_whole_heads(tiny_lm, family
     else:
         assert metadata["rotary"] == "traced" and do_rotary <= {0}
         assert negations == (2 * len(attentions) if family != "opt" else 0)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma"])
+def test_attention_reads_one_packed_projection_and_norms_take_the_residual(tiny_lm, family):
+    """q, k and v are one MatMul that GroupQueryAttention reads packed (key and value inputs empty);
+    gate and up are one MatMul; every RMSNorm after a residual Add is a SkipSimplifiedLayerNormalization."""
+    lm = tiny_lm(family)
+    layers = AutoConfig.from_pretrained(lm.hf_dir).num_hidden_layers
+    graph = onnx.load(str(lm.onnx_dir / "model.onnx")).graph
+    attentions = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attentions) == layers and all(n.input[1] == n.input[2] == "" for n in attentions)
+    # Per layer: qkv, o, gate-up, down; and the vocabulary projection.
+    assert sum(n.op_type == "MatMul" for n in graph.node) == 4 * layers + 1
+    assert sum(n.op_type == "SkipSimplifiedLayerNormalization" for n in graph.node) == 2 * layers
+    metadata = json.loads((lm.onnx_dir / "muestra_export.json").read_text())
+    assert metadata["fusions"] == {"merged_matmuls": 2 * layers, "packed_attention": layers, "skip_norms": 2 * layers}

@@ -27,6 +27,7 @@ from muestra.lm.export.families import (
     output_names,
     static_rope,
 )
+from muestra.lm.export.fuse import fuse_for_decode
 from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention, kernel_rotary
 from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8, quantize_nbits
 from muestra.lm.export.simplify import constant_reshapes
@@ -134,7 +135,7 @@ def export_lm(
         with log.step(f"tracing to ONNX (opset {OPSET}, {kv.num_layers} layers, {dtype}, {layout} layout)"):
             with static_rope(model):  # the frequencies the trace keeps
                 rotary = kernel_rotary(model, kv.head_dim, context) if shared else None
-            external = _export_graph(model, family, kv.num_layers, last_logits_only, staging, shared, rotary)
+            external, fusions = _export_graph(model, family, kv.num_layers, last_logits_only, staging, shared, rotary)
         metadata = {
             "format": METADATA_FORMAT,
             "family": family.name,
@@ -147,6 +148,9 @@ def export_lm(
             # kernel: GroupQueryAttention rotates queries and keys from cos/sin tables; traced: transformers' code.
             "rotary": "kernel" if rotary is not None else "traced",
             "position_ids": family.position_ids or shared,
+            # merged_matmuls: q/k/v and gate/up projections as one MatMul each; skip_norms: residual Adds
+            # fused into RMSNorms (muestra.lm.export.fuse).
+            "fusions": fusions,
             "num_layers": kv.num_layers,
             "num_kv_heads": kv.num_kv_heads,
             "head_dim": kv.head_dim,
@@ -214,8 +218,9 @@ def _check_source(src: Path):
 
 def _export_graph(
     model, family, num_layers: int, last_logits_only: bool, staging: Path, shared: bool, rotary=None
-) -> bool:
-    """Trace the wrapped model and write staging/model.onnx; returns whether the weights went to external data."""
+) -> tuple[bool, dict[str, int]]:
+    """Trace the wrapped model and write staging/model.onnx; returns whether the weights went to external
+    data, and the fusions made."""
     # eval() on the wrapper too: the exporter restores the wrapper's mode afterwards, recursively.
     if shared:
         wrapper = FusedLM(model, num_layers, last_logits_only, rotary).eval()
@@ -254,6 +259,7 @@ def _export_graph(
         )
     graph = onnx.load(str(raw_dir / "model.onnx"))
     constant_reshapes(graph)
+    fusions = fuse_for_decode(graph)
     weight_bytes = sum(len(t.raw_data) for t in graph.graph.initializer)
     external = weight_bytes > EXTERNAL_DATA_THRESHOLD
     onnx.save_model(
@@ -264,7 +270,7 @@ def _export_graph(
         location="model.onnx.data",
     )
     shutil.rmtree(raw_dir)
-    return external
+    return external, fusions
 
 
 def _validate(model, onnx_path: Path, vocab_size: int, dtype: str, shared: bool) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 
@@ -28,6 +29,9 @@ def quantize_int8(fp32_path: Path, int8_path: Path, external_threshold: int) -> 
             # Gather is the embedding table: quantizing it saves memory but hurts quality; keep it fp32.
             op_types_to_quantize=["MatMul", "Gemm"],
             use_external_data_format=external,
+            # onnx's shape inference stops at onnxruntime's own operators (SkipSimplifiedLayerNormalization):
+            # the MatMuls after one have no inferred type, and every graph quantized here is float32.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     finally:
         logging.getLogger().removeFilter(quiet)
@@ -54,7 +58,6 @@ def quantize_nbits(
     accuracy_level: int = NBITS_ACCURACY_LEVEL,
 ) -> bool:
     """Write out_path with every weight MatMul as MatMulNBits; returns whether its weights are external."""
-    import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     model = onnx.load(str(fp32_path))

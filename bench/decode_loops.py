@@ -171,13 +171,15 @@ class ServiceLoop:
         reply = self.prefill_reply(prompts)
         return reply.batch_id, [r.argmax for r in reply.output.rows]
 
+    def step(self, request: lm_pb2.DecodeRequest) -> lm_pb2.DecodeResponse:
+        return self.stub.Decode(request)
+
     def decode(self, state, steps: int):
         batch_id, token = state
         tokens = []
         started = time.perf_counter()
         for _ in range(steps):
-            batch = lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=token)
-            reply = self.stub.Decode(lm_pb2.DecodeRequest(batches=[batch]))
+            reply = self.step(lm_pb2.DecodeRequest(batches=[lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=token)]))
             batch_id, token = reply.batch_id, [r.argmax for r in reply.output.rows]
             tokens.append(token)
         return time.perf_counter() - started, [list(t) for t in zip(*tokens, strict=True)], (batch_id, token)
@@ -196,17 +198,9 @@ class StreamLoop(ServiceLoop):
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.replies = self.stub.BatchSteps(iter(self.requests.get, None))
 
-    def decode(self, state, steps: int):
-        batch_id, token = state
-        tokens = []
-        started = time.perf_counter()
-        for _ in range(steps):
-            batch = lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=token)
-            self.requests.put(lm_pb2.BatchStepRequest(decode=lm_pb2.DecodeRequest(batches=[batch])))
-            reply = next(self.replies).decode
-            batch_id, token = reply.batch_id, [r.argmax for r in reply.output.rows]
-            tokens.append(token)
-        return time.perf_counter() - started, [list(t) for t in zip(*tokens, strict=True)], (batch_id, token)
+    def step(self, request: lm_pb2.DecodeRequest) -> lm_pb2.DecodeResponse:
+        self.requests.put(lm_pb2.BatchStepRequest(decode=request))
+        return next(self.replies).decode
 
     def close(self) -> None:
         self.requests.put(None)

@@ -26,6 +26,7 @@ up: $(STAMP)                  ## start every service on loopback with the defaul
 
 test: $(STAMP) $(GENAI_STAMP) ## run the test suite (starts its own redis-server and services)
 	scripts/ensure_redis.sh
+	scripts/ensure_chromium.sh
 	$(PY) -m pytest
 
 lint: $(STAMP)

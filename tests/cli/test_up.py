@@ -45,6 +45,9 @@ def start_up(
         match = re.search(r"OpenAI API on (\S+)", line)
         if match:
             services["http"] = (match.group(1), 0)
+        match = re.search(r"playground on (\S+)", line)
+        if match:
+            services["playground"] = (match.group(1), 0)
         if "all services healthy" in line or "last log lines" in line or time.monotonic() > deadline:
             break
     return proc, services, lines
@@ -166,6 +169,10 @@ def test_the_official_openai_streaming_example_runs_against_up(tmp_path):
                 print(chunk.choices[0].delta.content, end="")
                 pieces.append(chunk.choices[0].delta.content)
         assert pieces, "no text streamed"
+        # The playground is served at the URL muestra up prints, beside the API.
+        assert services["playground"][0] == services["http"][0].removesuffix("v1"), "\n".join(lines)
+        with urllib.request.urlopen(services["playground"][0], timeout=10) as reply:
+            assert reply.status == 200 and b"muestra playground" in reply.read()
     finally:
         proc.send_signal(signal.SIGINT)
         finish(proc)

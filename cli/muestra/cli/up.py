@@ -370,6 +370,7 @@ def run(args) -> int:
                 print(f"muestra up: {child.name:<10} metrics on {child.metrics_url()}", flush=True)
             if child.name == "gateway" and http_url(args.host, child):
                 print(f"muestra up: OpenAI API on {http_url(args.host, child)}", flush=True)
+                print(f"muestra up: playground on {http_url(args.host, child).removesuffix('/v1')}/", flush=True)
         if env.get("MUESTRA_INTERNAL_TOKEN"):
             print(
                 f"muestra up: the internal services require the token in {log_dir / 'internal_token'} "

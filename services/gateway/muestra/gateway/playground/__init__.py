@@ -1,0 +1,70 @@
+"""The web playground: static files shipped in this package, served at / on the gateway's HTTP port.
+
+The page talks to the gateway only through the public HTTP API (/v1/...), so everything it does can be
+done with curl. Its own files are the only thing served without an API key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+STATIC = resources.files(__package__) / "static"
+PREFIX = "/ui/"
+TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".svg": "image/svg+xml"}
+# The page loads nothing from elsewhere; images it shows are data: URLs made from the API's base64.
+POLICY = (
+    "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+
+
+def _load() -> dict[str, tuple[bytes, str, str]]:
+    files = {}
+    for entry in STATIC.iterdir():
+        if entry.is_file() and not entry.name.startswith("."):
+            body = entry.read_bytes()
+            suffix = "." + entry.name.rsplit(".", 1)[-1]
+            kind = TYPES.get(suffix) or mimetypes.guess_type(entry.name)[0] or "application/octet-stream"
+            if kind.startswith("text/") or kind.endswith("+xml"):
+                kind += "; charset=utf-8"
+            files[entry.name] = (body, kind, '"' + hashlib.blake2b(body, digest_size=8).hexdigest() + '"')
+    return files
+
+
+def is_open_path(path: str) -> bool:
+    """The page and its files: served without an API key (they hold no data)."""
+    return path == "/" or path.startswith(PREFIX)
+
+
+def mount_playground(app: FastAPI) -> None:
+    """Routes for / (index.html) and /ui/<file>; the files are read once, at start-up."""
+    files = _load()
+
+    def serve(name: str, request: Request) -> Response:
+        found = files.get(name)
+        if found is None:
+            return Response(f"no such file: {name}\n", status_code=404, media_type="text/plain")
+        body, kind, etag = found
+        headers = {
+            "ETag": etag,
+            "Cache-Control": "no-cache",
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": POLICY,
+            "Referrer-Policy": "no-referrer",
+        }
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers=headers)
+        return Response(body, media_type=kind, headers=headers)
+
+    @app.get("/", include_in_schema=False)
+    async def index(request: Request) -> Response:
+        return serve("index.html", request)
+
+    @app.get(PREFIX + "{name}", include_in_schema=False)
+    async def static_file(name: str, request: Request) -> Response:
+        return serve(name, request)

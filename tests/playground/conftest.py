@@ -61,7 +61,7 @@ def page(browser, playground_url):
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(playground_url)
-    page.wait_for_function("document.querySelectorAll('#chain-add-name option').length > 0")
+    page.wait_for_function("() => document.querySelectorAll('#chain-add-name option').length > 0")
     yield page
     context.close()
     assert not errors, f"uncaught errors in the page: {errors}"

@@ -12,7 +12,7 @@ import json
 import time
 from importlib import resources
 
-import httpx
+import httpx2 as httpx
 import numpy as np
 import pytest
 from google.protobuf import json_format
@@ -31,7 +31,7 @@ def set_field(page, selector: str, value) -> None:
 
 def wait_finished(page, stats_selector: str, timeout_s: float = 60) -> str:
     page.wait_for_function(
-        f"document.querySelector({json.dumps(stats_selector)})?.dataset.finish", timeout=timeout_s * 1000
+        f"() => document.querySelector({json.dumps(stats_selector)})?.dataset.finish", timeout=timeout_s * 1000
     )
     return page.eval_on_selector(stats_selector, "el => el.dataset.finish")
 
@@ -126,7 +126,7 @@ def test_a_chat_message_streams_token_by_token_and_equals_the_api(page, openai_s
 
     # Same seed: Regenerate gives the same answer again.
     page.click("#chat-regenerate")
-    page.wait_for_function("document.querySelectorAll('#chat-log .message.assistant').length === 1")
+    page.wait_for_function("() => document.querySelectorAll('#chat-log .message.assistant').length === 1")
     wait_finished(page, "#chat-log .message.assistant .stats")
     assert page.text_content("#chat-log .message.assistant .text") == text
     assert bodies[1] == bodies[0]
@@ -142,10 +142,10 @@ def test_the_sampler_editor_lists_the_third_party_plugin_and_sends_it(page, open
     page.click("#chain-add")
     # Its parameters come from its JSON Schema, with their defaults and descriptions.
     mirostat = page.locator("#chain-steps > li[data-name='mirostat']")
-    assert mirostat.get_by_label("tau").input_value() == "5"
-    assert mirostat.get_by_label("eta").input_value() == "0.1"
+    assert mirostat.locator("input[name='tau']").input_value() == "5"
+    assert mirostat.locator("input[name='eta']").input_value() == "0.1"
     assert "Target surprise" in mirostat.text_content()
-    mirostat.get_by_label("tau").fill("3")
+    mirostat.locator("input[name='tau']").fill("3")
     # Reorder by buttons: top_p before temperature.
     page.click("#chain-steps > li[data-name='top_p'] button[data-action='up']")
     assert chain_of(page) == ["top_p", "temperature", "mirostat"]
@@ -184,7 +184,7 @@ def test_the_sampler_editor_lists_the_third_party_plugin_and_sends_it(page, open
 
 
 def test_an_invalid_parameter_shows_the_apis_message(page, openai_stack):
-    page.locator("#chain-steps > li[data-name='temperature']").get_by_label("temperature").fill("500")
+    page.locator("#chain-steps > li[data-name='temperature']").locator("input[name='temperature']").fill("500")
     bodies = sent_bodies(page, "/v1/chat/completions")
     page.fill("#chat-input", "hello")
     page.click("#chat-send")
@@ -255,10 +255,10 @@ def test_without_the_key_the_page_gets_no_data(browser, playground_url, openai_s
     assert "missing API key" in page.text_content("#key-why")
     page.fill("#key-input", "not-the-key")
     page.click("#key-form button[type='submit']")
-    page.wait_for_function("document.getElementById('key-why').textContent.includes('invalid API key')")
+    page.wait_for_function("() => document.getElementById('key-why').textContent.includes('invalid API key')")
     page.fill("#key-input", openai_stack.api_key)
     page.click("#key-form button[type='submit']")
-    page.wait_for_function("document.querySelectorAll('#text-model option').length > 0")
+    page.wait_for_function("() => document.querySelectorAll('#text-model option').length > 0")
     assert page.is_hidden("#key-panel")
     context.close()
 
@@ -298,7 +298,7 @@ def test_keyboard_labels_and_a_narrow_screen(browser, playground_url, openai_sta
     context.add_init_script(f"sessionStorage.setItem('muestra.apiKey', {openai_stack.api_key!r})")
     page = context.new_page()
     page.goto(playground_url)
-    page.wait_for_function("document.querySelectorAll('#chain-add-name option').length > 0")
+    page.wait_for_function("() => document.querySelectorAll('#chain-add-name option').length > 0")
     # Arrow keys move between the views, as a tab list does.
     page.focus("#tab-chat")
     for expected in ("complete", "images", "status", "chat"):

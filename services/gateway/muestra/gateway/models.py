@@ -77,6 +77,8 @@ class ImageModel:
     schedulers: list[str] = dataclasses.field(default_factory=list)
     # Every name a request may use for a scheduler: the registered names and their aliases.
     scheduler_names: set[str] = dataclasses.field(default_factory=set)
+    # The channel of `stub` (its health checks go over it too).
+    channel: grpc.aio.Channel | None = None
 
 
 def _endpoints_from_config(config) -> tuple[dict, dict]:
@@ -226,7 +228,8 @@ class ModelRegistry:
                 config.prefix_cache_block_size,
             )
         for name, spec in image_spec.items():
-            stub = diffusion_pb2_grpc.DiffusionStub(self._channel(spec["diffusion"], config.max_message_bytes))
+            channel = self._channel(spec["diffusion"], config.max_message_bytes)
+            stub = diffusion_pb2_grpc.DiffusionStub(channel)
             info = await _retry(
                 f"the diffusion service at {spec['diffusion']}",
                 lambda s=stub: s.Describe(diffusion_pb2.DescribeDiffusionRequest(), timeout=_CONNECT_CALL_S),
@@ -241,7 +244,7 @@ class ModelRegistry:
             )
             names = {n for s in schedulers.schedulers for n in (s.name, *s.aliases)}
             model = ImageModel(
-                name or info.model, spec["diffusion"], stub, [s.name for s in schedulers.schedulers], names
+                name or info.model, spec["diffusion"], stub, [s.name for s in schedulers.schedulers], names, channel
             )
             self.image[model.name] = model
             self.default_image = self.default_image or model.name

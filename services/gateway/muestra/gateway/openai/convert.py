@@ -188,4 +188,13 @@ def image_request(body: ImageGenerationRequest) -> tuple[diffusion_pb2.ImageRequ
         request.guidance_scale = body.guidance_scale
     if body.seed is not None:
         request.seed = body.seed
-    return request, {"num_images": "n", "width": "size", "height": "size"}
+    for name in ("partial_images", "preview_every"):
+        if getattr(body, name) is not None and not body.stream:
+            raise bad_request(name, "needs stream to be true")
+    if body.partial_images is not None and body.preview_every is not None:
+        raise bad_request("partial_images", "and preview_every cannot both be given; choose one")
+    if body.preview_every is not None:
+        request.preview_every = body.preview_every
+    elif body.partial_images:
+        request.preview_every = 1  # the gateway forwards only the evenly spaced ones
+    return request, {"num_images": "n", "width": "size", "height": "size", "preview_every": "preview_every"}

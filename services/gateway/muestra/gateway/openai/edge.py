@@ -8,6 +8,7 @@ import time
 from prometheus_client import Counter, Histogram
 
 from muestra.gateway.openai.errors import OpenAIError, unauthorized
+from muestra.gateway.playground import PREFIX, is_open_path
 from muestra.runtime.auth import bearer_value, token_is_valid
 from muestra.runtime.logs import REQUEST_ID_HEADER, new_request_id, request_id_var, valid_request_id
 
@@ -20,15 +21,19 @@ HTTP_LATENCY = Histogram(
     ["path"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
 )
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/health",)  # and the playground's own files (is_open_path)
 # Metric labels: the routes, and "other" for everything else (so unknown paths cannot grow the label set).
 KNOWN_PATHS = {
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/images/generations",
     "/v1/models",
+    "/v1/samplers",
+    "/v1/schedulers",
+    "/v1/status",
     "/health",
     "/metrics",
+    "/",
 }
 
 
@@ -55,7 +60,7 @@ class Edge:
         self.max_body_bytes = max_body_bytes
 
     def _refuse(self, scope, headers: dict[bytes, bytes]) -> OpenAIError | None:
-        if self.keys and scope["path"] not in OPEN_PATHS:
+        if self.keys and scope["path"] not in OPEN_PATHS and not is_open_path(scope["path"]):
             token = bearer_value(headers.get(b"authorization", b"").decode("latin-1"))
             if token is None:
                 return unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
@@ -102,7 +107,8 @@ class Edge:
                 await self.app(scope, limited_receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - started
-            path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
+            path = scope["path"]
+            path = path if path in KNOWN_PATHS else "/ui" if path.startswith(PREFIX) else "other"
             HTTP_REQUESTS.labels(path, str(status or 499)).inc()
             HTTP_LATENCY.labels(path).observe(elapsed)
             level = logging.DEBUG if path in ("/health", "/metrics") else logging.INFO

@@ -173,3 +173,8 @@ class ImageGenerationRequest(_Body):
     guidance_scale: float | None = None
     seed: int | None = Field(None, ge=0, le=UINT64_MAX)
     sampler: str | None = None
+    # Streaming, as OpenAI's gpt-image-1 streams: partial images, then each image (server-sent events).
+    stream: bool = False
+    partial_images: int | None = Field(None, ge=0, le=3)
+    # muestra extension: a preview every this many denoising steps (instead of partial_images).
+    preview_every: int | None = Field(None, ge=0, le=UINT32_MAX)

@@ -1,0 +1,131 @@
+"""Read-only JSON listings the playground reads (muestra extensions): samplers, schedulers, the gateway's state.
+
+Each is what the gRPC API or the gateway's metrics already say, as JSON; every one needs the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import grpc
+from fastapi import FastAPI
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
+
+from muestra.v1 import diffusion_pb2, gateway_pb2
+
+log = logging.getLogger("muestra.gateway.openai")
+HEALTH_TIMEOUT_S = 1.0
+LIST_TIMEOUT_S = 5.0
+
+
+def _counter(name: str, model: str) -> float:
+    return REGISTRY.get_sample_value(name, {"model": model}) or 0.0
+
+
+async def _serving(channel) -> bool:
+    if channel is None:
+        return False
+    try:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S
+        )
+    except grpc.aio.AioRpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def add_listings(app: FastAPI, servicer, started: float) -> None:
+    @app.get("/v1/samplers")
+    async def samplers() -> dict:
+        listing = await servicer.ListSamplers(gateway_pb2.ListSamplersRequest(), None)
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "name": s.name,
+                    "plugin": s.plugin,
+                    "distribution": s.distribution,
+                    "version": s.version,
+                    "description": s.description,
+                    "parameters": json.loads(s.parameter_schema or "{}"),
+                    "argmax_invariant": s.argmax_invariant,
+                }
+                for s in listing.samplers
+            ],
+        }
+
+    @app.get("/v1/schedulers")
+    async def schedulers() -> dict:
+        found: dict[str, dict] = {}
+        unanswered = []
+        for model in servicer.registry.image.values():
+            try:
+                reply = await model.stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=LIST_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("/v1/schedulers: the diffusion service of %r did not answer (%s)", model.name, exc.code())
+                unanswered.append(model.name)
+                continue
+            for s in reply.schedulers:
+                entry = found.setdefault(
+                    s.name,
+                    {
+                        "name": s.name,
+                        "aliases": list(s.aliases),
+                        "plugin": s.plugin,
+                        "distribution": s.distribution,
+                        "version": s.version,
+                        "models": [],
+                    },
+                )
+                entry["models"].append(model.name)
+        return {"object": "list", "data": list(found.values()), "unanswered_image_models": unanswered}
+
+    @app.get("/v1/status")
+    async def status() -> dict:
+        models = []
+        running = waiting = 0
+        query_tokens = hit_tokens = 0.0
+        enabled = False
+        for model in servicer.registry.text.values():
+            router = servicer.routers[model.name]
+            replicas = []
+            for scheduler in list(router.schedulers.values()):
+                rows = len(scheduler.rows) + sum(len(r) for _, r in list(scheduler.joining))
+                replica = {
+                    "address": scheduler.replica.address,
+                    "healthy": scheduler.healthy,
+                    "requests_running": scheduler.running_requests(),
+                    "requests_waiting": len(scheduler.waiting),
+                    "rows_running": rows,
+                }
+                running += replica["requests_running"]
+                waiting += replica["requests_waiting"]
+                replicas.append(replica)
+            if model.prefix_cache is not None:
+                enabled = True
+                query_tokens += _counter("muestra_prefix_cache_queries_total", model.name)
+                hit_tokens += _counter("muestra_prefix_cache_hits_total", model.name)
+            models.append(
+                {"name": model.name, "kind": "text", "context_length": model.context_length, "replicas": replicas}
+            )
+        images = list(servicer.registry.image.values())
+        health = await asyncio.gather(*(_serving(m.channel) for m in images)) if images else []
+        for model, healthy in zip(images, health, strict=True):
+            models.append(
+                {"name": model.name, "kind": "image", "replicas": [{"address": model.address, "healthy": healthy}]}
+            )
+        return {
+            "models": models,
+            "requests": {"running": running, "waiting": waiting},
+            "prefix_cache": {
+                "enabled": enabled,
+                "query_tokens": query_tokens,
+                "hit_tokens": hit_tokens,
+                "hit_rate": hit_tokens / query_tokens if enabled and query_tokens else None,
+            },
+            "uptime_s": time.time() - started,
+        }

@@ -305,6 +305,9 @@ def test_keyboard_labels_and_a_narrow_screen(browser, playground_url, openai_sta
         page.keyboard.press("ArrowRight")
         assert page.evaluate("document.activeElement.id") == f"tab-{expected}"
         assert page.is_visible(f"#view-{expected}")
+        for other in {"chat", "complete", "images", "status"} - {expected}:
+            assert page.is_hidden(f"#view-{other}"), f"#view-{other} shows beside #view-{expected}"
+        assert page.is_visible("#text-settings") == (expected in ("chat", "complete"))
         unlabelled = page.evaluate(
             """() => [...document.querySelectorAll('input, select, textarea')]
                 .filter(el => el.offsetParent !== null)

@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from muestra.gateway.openai.convert import chat_request, completion_requests, image_request
+from muestra.gateway.openai.convert import chat_request, completion_requests
 from muestra.gateway.openai.edge import Edge
 from muestra.gateway.openai.errors import OpenAIError, from_muestra, from_validation, internal
+from muestra.gateway.openai.images import respond_images
 from muestra.gateway.openai.listings import add_listings
 from muestra.gateway.openai.responses import Choices, envelope
 from muestra.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
-from muestra.gateway.openai.streams import SSE_DONE, ClientGone, cancel_on_disconnect, merge, sse
+from muestra.gateway.openai.streams import (
+    SSE_DONE,
+    ClientGone,
+    ClosingStreamingResponse,
+    cancel_on_disconnect,
+    merge,
+    sse,
+)
 from muestra.gateway.playground import mount_playground
 from muestra.gateway.server import GatewayServicer, stream_generation
 from muestra.runtime.errors import MuestraError
@@ -27,20 +34,6 @@ from muestra.runtime.logs import request_id_var
 from muestra.v1 import gateway_pb2
 
 log = logging.getLogger("muestra.gateway.openai")
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """Closes its body iterator however the response ends.
-
-    When the client goes away Starlette cancels the send, leaving the iterator suspended at a yield;
-    closing it runs its `finally`, which cancels the generation (its lm rows go at the next step).
-    """
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()
 
 
 class TextRun:
@@ -141,81 +134,6 @@ class TextRun:
         yield SSE_DONE
 
 
-def _chosen_steps(total: int, wanted: int) -> set[int]:
-    """The steps of `total` whose previews make `wanted` evenly spaced partial images."""
-    return {min(total, max(1, round(total * (k + 1) / (wanted + 1)))) for k in range(wanted)}
-
-
-async def stream_images(servicer: GatewayServicer, request, body, renames: dict[str, str], http: Request) -> Response:
-    """POST /v1/images/generations with stream: OpenAI's partial_image and completed events, as SSE."""
-    stream = servicer.GenerateImage(request, None)
-    try:  # the status line waits for the first message, so that a refused request gets its own status
-        first = await cancel_on_disconnect(http, anext(stream, None))
-    except ClientGone:
-        await stream.aclose()
-        return Response(status_code=499)
-    except MuestraError as exc:
-        await stream.aclose()
-        raise from_muestra(exc, renames) from None
-    except Exception as exc:
-        await stream.aclose()
-        log.error("internal error", exc_info=exc)
-        raise internal(request_id_var.get()) from None
-    size = f"{request.width}x{request.height}" if request.width and request.height else "auto"
-    common = {"quality": "auto", "background": "opaque", "output_format": "png"}
-
-    def event(payload: dict) -> str:
-        return f"event: {payload['type']}\n" + sse(payload)
-
-    async def events():
-        partial: dict[int, int] = {}
-        message = first
-        try:
-            while message is not None:
-                if message.WhichOneof("kind") == "progress":
-                    p = message.progress
-                    progress = {
-                        "image_index": p.image_index,
-                        "step": p.step,
-                        "total": p.total,
-                        "elapsed_s": p.elapsed_s,
-                    }
-                    wanted = body.partial_images
-                    forward = bool(p.preview_png) and (not wanted or p.step in _chosen_steps(p.total, wanted))
-                    if forward:
-                        k = partial.get(p.image_index, 0)
-                        partial[p.image_index] = k + 1
-                        preview = base64.b64encode(p.preview_png).decode()
-                        yield event({
-                            "type": "image_generation.partial_image", "b64_json": preview, "partial_image_index": k,
-                            "created_at": int(time.time()), "size": size, **common, **progress,
-                        })  # fmt: skip
-                    else:
-                        yield event({"type": "muestra.image_generation.progress", **progress})
-                elif message.WhichOneof("kind") == "image":
-                    image = message.image
-                    yield event({
-                        "type": "image_generation.completed", "b64_json": base64.b64encode(image.png).decode(),
-                        "created_at": int(time.time()), "size": f"{image.width}x{image.height}", **common,
-                        "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
-                                  "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}},
-                        "index": image.index, "seed": image.seed, "parameters": image.parameters,
-                    })  # fmt: skip
-                message = await anext(stream, None)
-        except Exception as exc:  # the stream has started: the error goes in the stream
-            if isinstance(exc, MuestraError):
-                error = from_muestra(exc, renames)
-            else:
-                log.error("internal error", exc_info=exc)
-                error = internal(request_id_var.get())
-            yield sse(error.body())
-        finally:
-            await stream.aclose()
-        yield SSE_DONE
-
-    return ClosingStreamingResponse(events(), media_type="text/event-stream")
-
-
 def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) -> Edge:
     """The ASGI app: the routes behind the Edge (API keys, body limit, request ids, logs, metrics)."""
     app = FastAPI(title="muestra", docs_url=None, redoc_url=None, openapi_url=None)
@@ -250,34 +168,7 @@ def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) 
 
     @app.post("/v1/images/generations")
     async def images(body: ImageGenerationRequest, http: Request) -> Response:
-        request, renames = image_request(body)
-        if body.stream:
-            return await stream_images(servicer, request, body, renames, http)
-
-        async def generate() -> list:
-            images = []
-            async with contextlib.aclosing(servicer.GenerateImage(request, None)) as stream:
-                async for message in stream:
-                    if message.WhichOneof("kind") == "image":
-                        images.append(message.image)
-            return images
-
-        try:
-            images = await cancel_on_disconnect(http, generate())
-        except ClientGone:
-            return Response(status_code=499)
-        except MuestraError as exc:
-            raise from_muestra(exc, renames) from None
-        data = [
-            {
-                "b64_json": base64.b64encode(image.png).decode(),
-                "revised_prompt": None,
-                "seed": image.seed,
-                "parameters": image.parameters,
-            }
-            for image in sorted(images, key=lambda image: image.index)
-        ]
-        return JSONResponse({"created": int(time.time()), "data": data})
+        return await respond_images(servicer, body, http)
 
     async def model_cards() -> list[dict]:
         listing = await servicer.ListModels(gateway_pb2.ListModelsRequest(), None)
@@ -302,7 +193,7 @@ def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) 
         known = ", ".join(card["id"] for card in cards) or "none"
         raise OpenAIError(404, f"model: unknown model {model!r}; known: {known}", param="model", code="model_not_found")
 
-    add_listings(app, servicer, started)
+    add_listings(app, servicer)
     mount_playground(app)
 
     @app.get("/health")

@@ -192,9 +192,9 @@ def image_request(body: ImageGenerationRequest) -> tuple[diffusion_pb2.ImageRequ
         if getattr(body, name) is not None and not body.stream:
             raise bad_request(name, "needs stream to be true")
     if body.partial_images is not None and body.preview_every is not None:
-        raise bad_request("partial_images", "and preview_every cannot both be given; choose one")
+        raise bad_request("partial_images", "cannot be given with preview_every; give one of them")
     if body.preview_every is not None:
         request.preview_every = body.preview_every
     elif body.partial_images:
         request.preview_every = 1  # the gateway forwards only the evenly spaced ones
-    return request, {"num_images": "n", "width": "size", "height": "size", "preview_every": "preview_every"}
+    return request, {"num_images": "n", "width": "size", "height": "size"}

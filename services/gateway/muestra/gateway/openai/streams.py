@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from muestra.v1 import gateway_pb2
 
@@ -25,6 +26,20 @@ def sse(payload: dict) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes its body iterator however the response ends.
+
+    When the client goes away Starlette cancels the send, leaving the iterator suspended at a yield;
+    closing it runs its `finally`, which cancels the generation (its lm rows go at the next step).
+    """
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 async def merge(

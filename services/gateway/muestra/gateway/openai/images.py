@@ -1,0 +1,138 @@
+"""POST /v1/images/generations: the images in one JSON answer, or streamed as OpenAI streams gpt-image-1's.
+
+A stream is server-sent events, each `event: <type>` and `data: <json>`: `image_generation.partial_image`
+for a preview, `muestra.image_generation.progress` for a step without one, `image_generation.completed`
+for each image, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import time
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from muestra.gateway.openai.convert import image_request
+from muestra.gateway.openai.errors import OpenAIError, from_muestra, internal
+from muestra.gateway.openai.schemas import ImageGenerationRequest
+from muestra.gateway.openai.streams import SSE_DONE, ClientGone, ClosingStreamingResponse, cancel_on_disconnect, sse
+from muestra.gateway.server import GatewayServicer
+from muestra.runtime.errors import MuestraError
+from muestra.runtime.logs import request_id_var
+from muestra.v1 import diffusion_pb2
+
+log = logging.getLogger("muestra.gateway.openai")
+# The fields gpt-image-1's events carry that a diffusion model has only one answer for.
+PNG_FIELDS = {"quality": "auto", "background": "opaque", "output_format": "png"}
+# gpt-image-1 counts tokens; a diffusion model has none to count, and the client's type needs the fields.
+NO_USAGE = {
+    "input_tokens": 0,
+    "output_tokens": 0,
+    "total_tokens": 0,
+    "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
+}
+
+
+def preview_steps(total: int, wanted: int) -> set[int]:
+    """The steps (1..total) whose previews make `wanted` evenly spaced partial images (fewer if total is less)."""
+    return {min(total, max(1, round(total * (k + 1) / (wanted + 1)))) for k in range(wanted)}
+
+
+def _b64(png: bytes) -> str:
+    return base64.b64encode(png).decode()
+
+
+def _error(exc: BaseException, renames: dict[str, str]) -> OpenAIError:
+    if isinstance(exc, MuestraError):
+        return from_muestra(exc, renames)
+    log.error("internal error", exc_info=exc)
+    return internal(request_id_var.get())
+
+
+def _event(payload: dict) -> str:
+    return f"event: {payload['type']}\n" + sse(payload)
+
+
+async def respond_images(servicer: GatewayServicer, body: ImageGenerationRequest, http: Request) -> Response:
+    request, renames = image_request(body)
+    if body.stream:
+        return await _stream(servicer, request, body.partial_images, renames, http)
+
+    async def generate() -> list[diffusion_pb2.GeneratedImage]:
+        images = []
+        async with contextlib.aclosing(servicer.GenerateImage(request, None)) as stream:
+            async for message in stream:
+                if message.WhichOneof("kind") == "image":
+                    images.append(message.image)
+        return images
+
+    try:
+        images = await cancel_on_disconnect(http, generate())
+    except ClientGone:
+        return Response(status_code=499)
+    except MuestraError as exc:
+        raise from_muestra(exc, renames) from None
+    data = [
+        {"b64_json": _b64(image.png), "revised_prompt": None, "seed": image.seed, "parameters": image.parameters}
+        for image in sorted(images, key=lambda image: image.index)
+    ]
+    return JSONResponse({"created": int(time.time()), "data": data})
+
+
+async def _stream(
+    servicer: GatewayServicer,
+    request: diffusion_pb2.ImageRequest,
+    partial_images: int | None,
+    renames: dict[str, str],
+    http: Request,
+) -> Response:
+    stream = servicer.GenerateImage(request, None)
+    try:  # the status line waits for the first message, so that a refused request gets its own status
+        first = await cancel_on_disconnect(http, anext(stream, None))
+    except ClientGone:  # cancelling the wait for the first message cancelled the diffusion call
+        return Response(status_code=499)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error
+        await stream.aclose()
+        raise _error(exc, renames) from None
+    size = f"{request.width}x{request.height}" if request.width and request.height else "auto"
+    return ClosingStreamingResponse(
+        _events(stream, first, size, partial_images, renames), media_type="text/event-stream"
+    )
+
+
+async def _events(stream, first, size: str, partial_images: int | None, renames: dict[str, str]):
+    """The SSE stream; closing it early (the client left) closes `stream`, which cancels the diffusion call."""
+    partials: dict[int, int] = {}  # image index -> partial images sent for it
+    message = first
+    try:
+        while message is not None:
+            if message.WhichOneof("kind") == "progress":
+                p = message.progress
+                progress = {"image_index": p.image_index, "step": p.step, "total": p.total, "elapsed_s": p.elapsed_s}
+                chosen = not partial_images or p.step in preview_steps(p.total, partial_images)
+                if p.preview_png and chosen:
+                    k = partials.get(p.image_index, 0)
+                    partials[p.image_index] = k + 1
+                    yield _event({
+                        "type": "image_generation.partial_image", "b64_json": _b64(p.preview_png),
+                        "partial_image_index": k, "created_at": int(time.time()), "size": size, **PNG_FIELDS,
+                        **progress,
+                    })  # fmt: skip
+                else:
+                    yield _event({"type": "muestra.image_generation.progress", **progress})
+            else:
+                image = message.image
+                yield _event({
+                    "type": "image_generation.completed", "b64_json": _b64(image.png),
+                    "created_at": int(time.time()), "size": f"{image.width}x{image.height}", **PNG_FIELDS,
+                    "usage": NO_USAGE, "index": image.index, "seed": image.seed, "parameters": image.parameters,
+                })  # fmt: skip
+            message = await anext(stream, None)
+    except Exception as exc:  # noqa: BLE001 - the stream has started: the error goes in the stream
+        yield sse(_error(exc, renames).body())
+    finally:
+        await stream.aclose()
+    yield SSE_DONE

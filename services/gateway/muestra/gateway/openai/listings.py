@@ -18,27 +18,38 @@ from prometheus_client import REGISTRY
 from muestra.v1 import diffusion_pb2, gateway_pb2
 
 log = logging.getLogger("muestra.gateway.openai")
-HEALTH_TIMEOUT_S = 1.0
+# As ListPlugins waits for a diffusion service's schedulers.
 LIST_TIMEOUT_S = 5.0
 
 
-def _counter(name: str, model: str) -> float:
-    return REGISTRY.get_sample_value(name, {"model": model}) or 0.0
+def _tokens(counter: str, model: str) -> int:
+    """A token counter of the prefix cache (prefix.QUERIES, prefix.HITS) for one model."""
+    return int(REGISTRY.get_sample_value(counter, {"model": model}) or 0)
 
 
-async def _serving(channel) -> bool:
+async def _serving(channel, timeout_s: float) -> bool:
+    """Whether the service behind `channel` answers its gRPC health check with SERVING within timeout_s."""
     if channel is None:
         return False
     try:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S
-        )
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
     except grpc.aio.AioRpcError:
         return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def add_listings(app: FastAPI, servicer, started: float) -> None:
+async def _schedulers(model) -> diffusion_pb2.ListSchedulersResponse | None:
+    try:
+        return await model.stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=LIST_TIMEOUT_S)
+    except grpc.aio.AioRpcError as exc:
+        log.warning("/v1/schedulers: the diffusion service of %r did not answer (%s)", model.name, exc.code().name)
+        return None
+
+
+def add_listings(app: FastAPI, servicer) -> None:
+    """GET /v1/samplers, /v1/schedulers and /v1/status."""
+    started = time.monotonic()
+
     @app.get("/v1/samplers")
     async def samplers() -> dict:
         listing = await servicer.ListSamplers(gateway_pb2.ListSamplersRequest(), None)
@@ -62,11 +73,10 @@ def add_listings(app: FastAPI, servicer, started: float) -> None:
     async def schedulers() -> dict:
         found: dict[str, dict] = {}
         unanswered = []
-        for model in servicer.registry.image.values():
-            try:
-                reply = await model.stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=LIST_TIMEOUT_S)
-            except grpc.aio.AioRpcError as exc:
-                log.warning("/v1/schedulers: the diffusion service of %r did not answer (%s)", model.name, exc.code())
+        models = list(servicer.registry.image.values())
+        replies = await asyncio.gather(*(_schedulers(model) for model in models))
+        for model, reply in zip(models, replies, strict=True):
+            if reply is None:  # the others are still worth listing: say whose schedulers are missing instead
                 unanswered.append(model.name)
                 continue
             for s in reply.schedulers:
@@ -88,7 +98,7 @@ def add_listings(app: FastAPI, servicer, started: float) -> None:
     async def status() -> dict:
         models = []
         running = waiting = 0
-        query_tokens = hit_tokens = 0.0
+        query_tokens = hit_tokens = 0
         enabled = False
         for model in servicer.registry.text.values():
             router = servicer.routers[model.name]
@@ -107,13 +117,14 @@ def add_listings(app: FastAPI, servicer, started: float) -> None:
                 replicas.append(replica)
             if model.prefix_cache is not None:
                 enabled = True
-                query_tokens += _counter("muestra_prefix_cache_queries_total", model.name)
-                hit_tokens += _counter("muestra_prefix_cache_hits_total", model.name)
+                query_tokens += _tokens("muestra_prefix_cache_queries_total", model.name)
+                hit_tokens += _tokens("muestra_prefix_cache_hits_total", model.name)
             models.append(
                 {"name": model.name, "kind": "text", "context_length": model.context_length, "replicas": replicas}
             )
         images = list(servicer.registry.image.values())
-        health = await asyncio.gather(*(_serving(m.channel) for m in images)) if images else []
+        timeout_s = servicer.config.health_timeout_s
+        health = await asyncio.gather(*(_serving(m.channel, timeout_s) for m in images))
         for model, healthy in zip(images, health, strict=True):
             models.append(
                 {"name": model.name, "kind": "image", "replicas": [{"address": model.address, "healthy": healthy}]}
@@ -127,5 +138,5 @@ def add_listings(app: FastAPI, servicer, started: float) -> None:
                 "hit_tokens": hit_tokens,
                 "hit_rate": hit_tokens / query_tokens if enabled and query_tokens else None,
             },
-            "uptime_s": time.time() - started,
+            "uptime_s": time.monotonic() - started,
         }

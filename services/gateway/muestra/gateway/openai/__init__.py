@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/images/generations, /v1/models)."""
+"""The gateway's HTTP API: OpenAI's routes under /v1, muestra's listings (/v1/samplers, /v1/schedulers,
+/v1/status), /health, /metrics, and the playground at / (muestra.gateway.playground)."""
 
 from __future__ import annotations
 

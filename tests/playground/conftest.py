@@ -31,8 +31,13 @@ def chromium_path() -> str | None:
     return os.environ.get("MUESTRA_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """One Chromium per test module, closed at its end.
+
+    Playwright's sync API marks its event loop as running in this thread while it is open, so
+    asyncio.run() in the tests that follow would fail if the browser lived for the whole session.
+    """
     path = chromium_path()
     if path is None:
         message = "chromium is not installed: scripts/ensure_chromium.sh installs it (apt-get)"

@@ -62,38 +62,26 @@ function networkError(error) {
   return new ApiError(0, `the gateway did not answer (${error.message}); is it still running?`);
 }
 
-export async function getJSON(path, signal) {
+// fetch, with the key; an ApiError in words for a refused request or a gateway that did not answer.
+async function send(path, init) {
   let response;
   try {
-    response = await fetch(path, { headers: headers(false), signal });
+    response = await fetch(path, { ...init, headers: headers(init.body !== undefined) });
   } catch (error) {
     throw networkError(error);
   }
   if (!response.ok) throw await failure(response);
-  return response.json();
+  return response;
 }
 
-export async function postJSON(path, body, signal) {
-  let response;
-  try {
-    response = await fetch(path, { method: "POST", headers: headers(true), body: JSON.stringify(body), signal });
-  } catch (error) {
-    throw networkError(error);
-  }
-  if (!response.ok) throw await failure(response);
-  return response.json();
+export async function getJSON(path, signal) {
+  return (await send(path, { signal })).json();
 }
 
 // POST a streaming request and call onEvent(json) for each server-sent event, in order.
 // Resolves when the stream ends; rejects with ApiError for an HTTP error or an error event.
 export async function postStream(path, body, onEvent, signal) {
-  let response;
-  try {
-    response = await fetch(path, { method: "POST", headers: headers(true), body: JSON.stringify(body), signal });
-  } catch (error) {
-    throw networkError(error);
-  }
-  if (!response.ok) throw await failure(response);
+  const response = await send(path, { method: "POST", body: JSON.stringify(body), signal });
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {

@@ -45,6 +45,7 @@ class Completion:
     seed: int
     replica: str
     error: str = ""
+    forced_tokens: int = 0
 
     @classmethod
     def from_proto(cls, index: int, done: gateway_pb2.Completion) -> Completion:
@@ -62,6 +63,7 @@ class Completion:
             seed=done.seed,
             replica=done.replica,
             error=done.error,
+            forced_tokens=done.usage.forced_tokens,
         )
 
 
@@ -164,8 +166,11 @@ def build_request(
     ignore_eos: bool = False,
     timeout_ms: int = 0,
     samplers: Sequence[Mapping[str, Any]] | None = None,
+    constraint: Mapping[str, Any] | None = None,
     **sampling: Any,
 ) -> gateway_pb2.GenerateRequest:
+    """A GenerateRequest. `constraint` is {"name": kind, "params": {...}}, e.g.
+    {"name": "json_schema", "params": {"schema": {...}}}; the sampling keywords build the chain."""
     request = gateway_pb2.GenerateRequest(
         model=model,
         max_tokens=max_tokens,
@@ -184,4 +189,8 @@ def build_request(
         params = struct_pb2.Struct()
         params.update(spec["params"])
         request.samplers.append(gateway_pb2.SamplerSpec(name=spec["name"], params=params))
+    if constraint is not None:
+        request.constraint.SetInParent()
+        request.constraint.name = constraint["name"]
+        request.constraint.params.update(constraint.get("params") or {})
     return request

@@ -31,8 +31,16 @@ class SamplerSpec(_message.Message):
     params: _struct_pb2.Struct
     def __init__(self, name: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
+class ConstraintSpec(_message.Message):
+    __slots__ = ("name", "params")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    params: _struct_pb2.Struct
+    def __init__(self, name: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "stop_token_ids", "seed", "n", "samplers", "logprobs", "top_logprobs", "ignore_eos", "add_special_tokens", "timeout_ms", "disable_prefix_cache", "include_stop_str_in_output")
+    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "stop_token_ids", "seed", "n", "samplers", "logprobs", "top_logprobs", "ignore_eos", "add_special_tokens", "timeout_ms", "disable_prefix_cache", "include_stop_str_in_output", "constraint")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +57,7 @@ class GenerateRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     DISABLE_PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _common_pb2.ChatMessages
@@ -65,7 +74,8 @@ class GenerateRequest(_message.Message):
     timeout_ms: int
     disable_prefix_cache: bool
     include_stop_str_in_output: bool
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSpec, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., disable_prefix_cache: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ...) -> None: ...
+    constraint: ConstraintSpec
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSpec, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., disable_prefix_cache: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., constraint: _Optional[_Union[ConstraintSpec, _Mapping]] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "token", "logprob")
@@ -100,14 +110,16 @@ class TextDelta(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "forced_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    forced_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., forced_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "ttft_ms", "total_ms", "tokens_per_s")
@@ -201,25 +213,53 @@ class ListSamplersResponse(_message.Message):
     samplers: _containers.RepeatedCompositeFieldContainer[SamplerInfo]
     def __init__(self, samplers: _Optional[_Iterable[_Union[SamplerInfo, _Mapping]]] = ...) -> None: ...
 
+class ListConstraintsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ConstraintInfo(_message.Message):
+    __slots__ = ("name", "plugin", "distribution", "version", "description", "parameter_schema")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PLUGIN_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    plugin: str
+    distribution: str
+    version: str
+    description: str
+    parameter_schema: str
+    def __init__(self, name: _Optional[str] = ..., plugin: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ..., description: _Optional[str] = ..., parameter_schema: _Optional[str] = ...) -> None: ...
+
+class ListConstraintsResponse(_message.Message):
+    __slots__ = ("constraints",)
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    constraints: _containers.RepeatedCompositeFieldContainer[ConstraintInfo]
+    def __init__(self, constraints: _Optional[_Iterable[_Union[ConstraintInfo, _Mapping]]] = ...) -> None: ...
+
 class ListPluginsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class PluginInfo(_message.Message):
-    __slots__ = ("name", "distribution", "version", "disabled", "samplers", "schedulers")
+    __slots__ = ("name", "distribution", "version", "disabled", "samplers", "schedulers", "constraints")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DISABLED_FIELD_NUMBER: _ClassVar[int]
     SAMPLERS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     distribution: str
     version: str
     disabled: bool
     samplers: _containers.RepeatedScalarFieldContainer[str]
     schedulers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ..., disabled: _Optional[bool] = ..., samplers: _Optional[_Iterable[str]] = ..., schedulers: _Optional[_Iterable[str]] = ...) -> None: ...
+    constraints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ..., disabled: _Optional[bool] = ..., samplers: _Optional[_Iterable[str]] = ..., schedulers: _Optional[_Iterable[str]] = ..., constraints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListPluginsResponse(_message.Message):
     __slots__ = ("plugins", "unanswered_image_models")

@@ -55,6 +55,11 @@ class GatewayStub:
                 request_serializer=muestra_dot_v1_dot_gateway__pb2.ListSamplersRequest.SerializeToString,
                 response_deserializer=muestra_dot_v1_dot_gateway__pb2.ListSamplersResponse.FromString,
                 _registered_method=True)
+        self.ListConstraints = channel.unary_unary(
+                '/muestra.v1.Gateway/ListConstraints',
+                request_serializer=muestra_dot_v1_dot_gateway__pb2.ListConstraintsRequest.SerializeToString,
+                response_deserializer=muestra_dot_v1_dot_gateway__pb2.ListConstraintsResponse.FromString,
+                _registered_method=True)
         self.ListPlugins = channel.unary_unary(
                 '/muestra.v1.Gateway/ListPlugins',
                 request_serializer=muestra_dot_v1_dot_gateway__pb2.ListPluginsRequest.SerializeToString,
@@ -97,6 +102,13 @@ class GatewayServicer:
 
     def ListSamplers(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConstraints(self, request, context):
+        """Output-constraint kinds (JSON, JSON Schema, regex, grammar, and those plugins registered).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -144,6 +156,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.ListSamplers,
                     request_deserializer=muestra_dot_v1_dot_gateway__pb2.ListSamplersRequest.FromString,
                     response_serializer=muestra_dot_v1_dot_gateway__pb2.ListSamplersResponse.SerializeToString,
+            ),
+            'ListConstraints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConstraints,
+                    request_deserializer=muestra_dot_v1_dot_gateway__pb2.ListConstraintsRequest.FromString,
+                    response_serializer=muestra_dot_v1_dot_gateway__pb2.ListConstraintsResponse.SerializeToString,
             ),
             'ListPlugins': grpc.unary_unary_rpc_method_handler(
                     servicer.ListPlugins,
@@ -269,6 +286,33 @@ class Gateway:
             '/muestra.v1.Gateway/ListSamplers',
             muestra_dot_v1_dot_gateway__pb2.ListSamplersRequest.SerializeToString,
             muestra_dot_v1_dot_gateway__pb2.ListSamplersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConstraints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muestra.v1.Gateway/ListConstraints',
+            muestra_dot_v1_dot_gateway__pb2.ListConstraintsRequest.SerializeToString,
+            muestra_dot_v1_dot_gateway__pb2.ListConstraintsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,12 +74,14 @@ class DescribeModelResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., providers: _Optional[_Iterable[str]] = ..., kv: _Optional[_Union[KvLayout, _Mapping]] = ..., load: _Optional[_Union[ServiceLoad, _Mapping]] = ..., max_batch_rows: _Optional[int] = ..., generation_config_json: _Optional[str] = ...) -> None: ...
 
 class OutputSpec(_message.Message):
-    __slots__ = ("kind", "top_n")
+    __slots__ = ("kind", "top_n", "allowed_tokens")
     KIND_FIELD_NUMBER: _ClassVar[int]
     TOP_N_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     kind: OutputKind
     top_n: int
-    def __init__(self, kind: _Optional[_Union[OutputKind, str]] = ..., top_n: _Optional[int] = ...) -> None: ...
+    allowed_tokens: bytes
+    def __init__(self, kind: _Optional[_Union[OutputKind, str]] = ..., top_n: _Optional[int] = ..., allowed_tokens: _Optional[bytes] = ...) -> None: ...
 
 class PrefixBlocks(_message.Message):
     __slots__ = ("block_size", "block_hashes", "cached_blocks", "write")

@@ -64,6 +64,11 @@ class TokenizerStub:
                 request_serializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepRequest.SerializeToString,
                 response_deserializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepResponse.FromString,
                 _registered_method=True)
+        self.ExportTokenizer = channel.unary_stream(
+                '/muestra.v1.Tokenizer/ExportTokenizer',
+                request_serializer=muestra_dot_v1_dot_tokenizer__pb2.DescribeTokenizerRequest.SerializeToString,
+                response_deserializer=muestra_dot_v1_dot_tokenizer__pb2.TokenizerChunk.FromString,
+                _registered_method=True)
 
 
 class TokenizerServicer:
@@ -113,6 +118,15 @@ class TokenizerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportTokenizer(self, request, context):
+        """The whole tokenizer as HuggingFace tokenizers' JSON (tokenizer.json, added tokens included), in
+        chunks of at most 1 MiB: what a grammar engine needs to map text to tokens (the gateway's
+        output constraints). FAILED_PRECONDITION for a tokenizer that has no such form (sentencepiece).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TokenizerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +159,11 @@ def add_TokenizerServicer_to_server(servicer, server):
                     servicer.DetokenizeSteps,
                     request_deserializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepRequest.FromString,
                     response_serializer=muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepResponse.SerializeToString,
+            ),
+            'ExportTokenizer': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportTokenizer,
+                    request_deserializer=muestra_dot_v1_dot_tokenizer__pb2.DescribeTokenizerRequest.FromString,
+                    response_serializer=muestra_dot_v1_dot_tokenizer__pb2.TokenizerChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +328,33 @@ class Tokenizer:
             '/muestra.v1.Tokenizer/DetokenizeSteps',
             muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepRequest.SerializeToString,
             muestra_dot_v1_dot_tokenizer__pb2.DetokenizeStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportTokenizer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/muestra.v1.Tokenizer/ExportTokenizer',
+            muestra_dot_v1_dot_tokenizer__pb2.DescribeTokenizerRequest.SerializeToString,
+            muestra_dot_v1_dot_tokenizer__pb2.TokenizerChunk.FromString,
             options,
             channel_credentials,
             insecure,

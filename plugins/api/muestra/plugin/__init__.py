@@ -19,6 +19,7 @@ group `muestra`:
 docs/plugins.md is the tutorial.
 """
 
+from muestra.plugin.constraints import Constraint, Grammar, check_constraint
 from muestra.plugin.hookspecs import hookimpl, hookspec
 from muestra.plugin.numeric import (
     column,
@@ -29,7 +30,17 @@ from muestra.plugin.numeric import (
     nucleus_threshold,
     softmax,
 )
-from muestra.plugin.params import REQUIRED, Bool, Float, Int, Param, SamplerParamError
+from muestra.plugin.params import (
+    REQUIRED,
+    Bool,
+    Float,
+    Int,
+    Object,
+    Param,
+    SamplerParamError,
+    String,
+    StringList,
+)
 from muestra.plugin.samplers import (
     Hypothesis,
     LogitsProcessor,
@@ -52,11 +63,14 @@ __all__ = [
     "PROJECT_NAME",
     "REQUIRED",
     "Bool",
+    "Constraint",
     "Float",
+    "Grammar",
     "Hypothesis",
     "Int",
     "LogitsProcessor",
     "ModelInfo",
+    "Object",
     "Param",
     "RowContext",
     "Sampler",
@@ -64,7 +78,10 @@ __all__ = [
     "Search",
     "SearchStep",
     "SearchStrategy",
+    "String",
+    "StringList",
     "TokenSelector",
+    "check_constraint",
     "check_sampler",
     "column",
     "group_rows",

@@ -14,3 +14,8 @@ def register_samplers(register):
 @hookspec
 def register_schedulers(register):
     """Register diffusion schedulers: call register(name, factory, aliases=()) for each."""
+
+
+@hookspec
+def register_constraints(register):
+    """Register output-constraint kinds: call register(constraint) with a Constraint."""

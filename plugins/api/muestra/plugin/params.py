@@ -107,6 +107,44 @@ def Bool(default: bool | None, help: str) -> Param:
     return Param(default, help, {"type": "boolean"}, parse)
 
 
+def String(default: str | None, help: str, *, max_length: int = 1 << 20) -> Param:
+    """A string of at most max_length characters."""
+
+    def parse(value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"must be a string, got {type(value).__name__}")
+        if len(value) > max_length:
+            raise ValueError(f"is {len(value)} characters; the limit is {max_length}")
+        return value
+
+    return Param(default, help, {"type": "string", "maxLength": max_length}, parse)
+
+
+def StringList(default: list[str] | None, help: str, *, min_items: int = 0, max_items: int = 1024) -> Param:
+    """A list of strings, min_items to max_items long."""
+
+    def parse(value: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ValueError("must be a list of strings")
+        if not min_items <= len(value) <= max_items:
+            raise ValueError(f"must hold {min_items} to {max_items} strings, got {len(value)}")
+        return list(value)
+
+    schema = {"type": "array", "items": {"type": "string"}, "minItems": min_items, "maxItems": max_items}
+    return Param(default, help, schema, parse)
+
+
+def Object(default: dict | None, help: str) -> Param:
+    """A JSON object, passed on as it is (its own consumer checks its contents)."""
+
+    def parse(value: Any) -> dict:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"must be an object, got {type(value).__name__}")
+        return dict(value)
+
+    return Param(default, help, {"type": "object"}, parse)
+
+
 REQUIRED = object()
 """Default of a parameter the request must give."""
 

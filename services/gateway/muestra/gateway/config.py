@@ -33,6 +33,15 @@ class GatewayConfig(ServiceConfig):
     max_stop_strings: int = _f(16, "most stop strings per request")
     max_stop_bytes: int = _f(256, "longest stop string, in UTF-8 bytes")
     max_top_logprobs: int = _f(20, "most alternatives per token with logprobs")
+    max_constraint_bytes: int = _f(
+        256 * 1024, "largest constraint (a JSON Schema's text, a regex or a grammar), in UTF-8 bytes"
+    )
+    constraint_compile_timeout_s: float = _f(10.0, "longest a request's constraint may take to compile")
+    constraint_mask: str = _f(
+        "lm",
+        "where a constrained row's allowed-token mask is applied: lm (the lm masks its logits before its argmax, "
+        "so greedy rows still ship no logits) or gateway (the row ships full logits and the gateway masks them)",
+    )
     startup_timeout_s: float = _f(120.0, "how long to wait for the backend services at start")
     affinity_tokens: int = _f(32, "prompts sharing this many leading tokens go to the same lm replica")
     health_interval_s: float = _f(2.0, "seconds between health checks (and DNS lookups) of lm replicas")

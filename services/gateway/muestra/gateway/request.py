@@ -32,6 +32,7 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     deadline: float | None = None  # time.monotonic() after which the request is cancelled
     prefix_cache: bool = True  # False: GenerateRequest.disable_prefix_cache
+    constraint: object = None  # a CompiledConstraint (muestra.gateway.constraints), or None
     # Filled in by the gateway and the scheduler.
     arrival: float = dataclasses.field(default_factory=time.monotonic)
     admitted: float | None = None
@@ -103,6 +104,11 @@ class Sequence:
             self.finish_reason = reason
             self.stop_reason = stop_reason
 
+    @property
+    def forced_tokens(self) -> int:
+        constraint = self.sampling.constraint if self.sampling is not None else None
+        return constraint.forced_count if constraint is not None else 0
+
     def emit_text(self, text: str) -> None:
         """Stream text (and the ids produced since the last delta)."""
         if not text and not self.unsent_ids:
@@ -134,6 +140,7 @@ class Sequence:
                 prompt_tokens=len(request.prompt_ids),
                 completion_tokens=len(self.generated),
                 cached_tokens=request.cached_tokens,
+                forced_tokens=self.forced_tokens,
             ),
             timings=gateway_pb2.Timings(
                 queue_ms=((request.admitted or now) - request.arrival) * 1000,

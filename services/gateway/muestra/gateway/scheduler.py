@@ -23,13 +23,14 @@ import grpc
 import numpy as np
 
 from muestra.gateway import metrics
+from muestra.gateway.constraints.engine import fill_masks
 from muestra.gateway.detokenizer import Detokenizer, TokenizerFailed
 from muestra.gateway.models import LmReplica, TextModel
 from muestra.gateway.progress import Progress
 from muestra.gateway.request import BeamGroup, BeamRow, GenerationRequest, Sequence
 from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
 from muestra.gateway.step_stream import StepStream
-from muestra.runtime.errors import MuestraError, ResourceExhausted, Unavailable
+from muestra.runtime.errors import InvalidArgument, MuestraError, ResourceExhausted, Unavailable
 from muestra.runtime.logs import request_id_scope, request_id_var
 from muestra.runtime.step_streams import LEASE_HEADER
 from muestra.v1 import gateway_pb2, lm_pb2
@@ -71,6 +72,33 @@ def logits_matrix(output: lm_pb2.BatchOutput) -> np.ndarray | None:
     return np.frombuffer(tensor.data, dtype=np.float32).reshape(tuple(tensor.shape))
 
 
+def _allowed_tokens(row: Row) -> bytes:
+    """The row's allowed-token mask for its next step, when the lm is to apply one."""
+    if not isinstance(row, Sequence) or row.finished or not row.sampling.mask_in_lm:
+        return b""
+    constraint = row.sampling.constraint
+    return constraint.mask_bytes() if constraint is not None and not constraint.error else b""
+
+
+def _decode_batch(batch_id: str, rows: list[Row], masked: bool) -> lm_pb2.DecodeBatch:
+    batch = lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=[r.pending_token for r in rows])
+    if masked:
+        for row in rows:
+            kind = row.sampling.output_kind if isinstance(row, Sequence) else lm_pb2.LOGITS
+            batch.outputs.add(kind=kind, allowed_tokens=_allowed_tokens(row))
+    return batch
+
+
+def _next_masks(rows: list[Sequence]) -> None:
+    """Compute the next allowed tokens of the constrained rows still running; a dead end ends its row."""
+    running = [row for row in rows if row.sampling.constraint is not None and not row.finished]
+    fill_masks([row.sampling.constraint for row in running])
+    for row in running:
+        if row.sampling.constraint.error:
+            row.finish(gateway_pb2.ERROR)
+            row.error = row.sampling.constraint.error
+
+
 def _groups(rows: list[Row]) -> dict[BeamGroup, list[int]]:
     """Each beam group in the batch with the positions of its rows, in order."""
     groups: dict[BeamGroup, list[int]] = {}
@@ -93,6 +121,7 @@ class ReplicaScheduler:
         self.max_rows = config.max_batch_rows
         self.max_queue = config.max_queue
         self.lm_timeout_s = config.lm_timeout_s
+        self.mask_in_lm = config.constraint_mask == "lm"
         self.model_info = ModelInfo(model.vocab_size, model.eos_token_ids, model.context_length)
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
         self.rows: list[Row] = []
@@ -296,10 +325,15 @@ class ReplicaScheduler:
             kind = lm_pb2.LOGITS
         else:
             sampling = new_rows(
-                chain, request.prompt_ids, request.seed, request.n, request.logprobs, request.top_logprobs
-            )
+                chain, request.prompt_ids, request.seed, request.n, request.logprobs, request.top_logprobs,
+                request.constraint, self.mask_in_lm,
+            )  # fmt: skip
             rows = [Sequence(request, i, s) for i, s in enumerate(sampling)]
             request.open_sequences = len(rows)
+            if request.constraint is not None:
+                fill_masks([s.constraint for s in sampling])
+                if sampling[0].constraint.error:
+                    raise InvalidArgument("constraint", f"allows no text at all ({sampling[0].constraint.error})")
             kind = sampling[0].output_kind
         prefix_cache = self.model.prefix_cache if request.prefix_cache else None
         prefix = None
@@ -312,7 +346,7 @@ class ReplicaScheduler:
                 lm_pb2.PrefillRow(
                     request_id=request.request_id,
                     input_ids=request.prompt_ids,
-                    output=lm_pb2.OutputSpec(kind=kind),
+                    output=lm_pb2.OutputSpec(kind=kind, allowed_tokens=_allowed_tokens(rows[0])),
                     prefix=prefix,
                 )
             ]
@@ -366,10 +400,15 @@ class ReplicaScheduler:
 
     async def _decode(self) -> lm_pb2.DecodeResponse:
         batches = []
+        # Rows with constraints send their masks with every step (and so every row its kind).
+        masked = self.mask_in_lm and any(
+            isinstance(r, Sequence) and r.sampling.constraint is not None
+            for r in (*self.rows, *(r for _, rows in self.joining for r in rows))
+        )
         if self.batch_id:
-            batches.append(lm_pb2.DecodeBatch(batch_id=self.batch_id, next_ids=[r.pending_token for r in self.rows]))
+            batches.append(_decode_batch(self.batch_id, self.rows, masked))
         for batch_id, rows in self.joining:
-            batches.append(lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=[r.pending_token for r in rows]))
+            batches.append(_decode_batch(batch_id, rows, masked))
             self.rows.extend(rows)
         # Joined or lost with this call either way: Decode consumes the batches it is given.
         self.joining = []
@@ -398,6 +437,7 @@ class ReplicaScheduler:
             now = time.monotonic()
             for k, i in enumerate(positions):
                 self._take(rows[i], result, k, now)
+            _next_masks([rows[i] for i in positions])
         for group, where in _groups(rows).items():
             group.pending = group.search.step(logits[[index[p] for p in where]])
             if group.search.done:
@@ -430,6 +470,11 @@ class ReplicaScheduler:
             row.unsent_logprobs.append(
                 gateway_pb2.TokenLogprob(token_id=token, logprob=float(result.logprobs[k]), top=top)
             )
+        constraint = row.sampling.constraint
+        if constraint is not None and not constraint.consume(token):
+            row.finish(gateway_pb2.ERROR)
+            row.error = constraint.error
+            return
         if not request.ignore_eos and token in self.model.eos_token_ids:
             row.finish(gateway_pb2.STOP, f"eos:{token}")
         elif token in request.stop_token_ids:
@@ -438,6 +483,8 @@ class ReplicaScheduler:
             if token < self.model.tokenizer_vocab_size:
                 row.detok.append(token)
             row.pending_token = token
+            if constraint is not None and constraint.complete:
+                row.finish(gateway_pb2.STOP, "constraint")
         if not row.finished and (
             len(row.generated) >= request.max_tokens
             or len(request.prompt_ids) + len(row.generated) >= self.model.context_length

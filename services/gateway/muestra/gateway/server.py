@@ -14,6 +14,8 @@ import grpc
 from google.protobuf import struct_pb2
 
 from muestra.gateway.config import GatewayConfig
+from muestra.gateway.constraints.engine import ConstraintLimits, GrammarEngine
+from muestra.gateway.constraints.registry import ConstraintRegistry
 from muestra.gateway.models import ModelRegistry, TextModel
 from muestra.gateway.progress import Watchdog
 from muestra.gateway.request import GenerationRequest
@@ -93,10 +95,23 @@ def _utf8_len(text: str) -> int:
 
 
 class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, config: GatewayConfig, registry: ModelRegistry, samplers: SamplerRegistry) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        registry: ModelRegistry,
+        samplers: SamplerRegistry,
+        constraints: ConstraintRegistry | None = None,
+    ) -> None:
+        if config.constraint_mask not in ("lm", "gateway"):
+            raise ValueError(f"--constraint-mask must be lm or gateway, got {config.constraint_mask!r}")
         self.config = config
         self.registry = registry
         self.samplers = samplers
+        self.constraints = constraints if constraints is not None else ConstraintRegistry.load()
+        limits = ConstraintLimits(config.max_constraint_bytes, config.constraint_compile_timeout_s)
+        self.grammar_engines = {
+            model.name: GrammarEngine(model, limits, config.tokenizer_timeout_s) for model in registry.text.values()
+        }
         self.routers: dict[str, Router] = {model.name: Router(model, config) for model in registry.text.values()}
         self.watchdog = Watchdog(self.schedulers, config.watchdog_s)
 
@@ -190,6 +205,15 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
                 raise InvalidArgument("logprobs", "is not available with beam search")
         if rows > self.config.max_batch_rows:
             raise InvalidArgument("n", f"needs {rows} rows; the gateway's batch holds {self.config.max_batch_rows}")
+        constraint = None
+        if request.HasField("constraint"):
+            if chain.is_search:
+                raise InvalidArgument("constraint", f"cannot be combined with {chain.last.sampler.name} (samplers)")
+            if request.ignore_eos:
+                raise InvalidArgument("constraint", "cannot be combined with ignore_eos: a finished text must end")
+            spec = request.constraint
+            params = {key: _value(v) for key, v in spec.params.fields.items()}
+            constraint = await self.grammar_engines[model.name].compile(self.constraints, spec.name, params)
         deadline = None
         if request.timeout_ms:
             deadline = time.monotonic() + request.timeout_ms / 1000
@@ -228,6 +252,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             deadline=deadline,
             model_name=model.name,
             prefix_cache=not request.disable_prefix_cache,
+            constraint=constraint,
         )
         return generation, self.routers[model.name]
 
@@ -277,8 +302,17 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
     async def ListSamplers(self, request, context):
         return gateway_pb2.ListSamplersResponse(samplers=[entry.to_proto() for entry in self.samplers.list()])
 
+    async def ListConstraints(self, request, context):
+        return gateway_pb2.ListConstraintsResponse(constraints=[e.to_proto() for e in self.constraints.list()])
+
     async def ListPlugins(self, request, context):
         plugins = {plugin.name: plugin.to_proto() for plugin in self.samplers.plugins()}
+        for plugin, entries in self.constraints.by_plugin().items():
+            first = entries[0]
+            info = plugins.setdefault(
+                plugin, gateway_pb2.PluginInfo(name=plugin, distribution=first.distribution, version=first.version)
+            )
+            info.constraints.extend(entry.name for entry in entries)
         unanswered = []
         for model in self.registry.image.values():  # schedulers load in the diffusion services
             try:

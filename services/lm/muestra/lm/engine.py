@@ -31,6 +31,8 @@ class PrefillInput:
     request_id: str
     input_ids: np.ndarray
     output: OutputSpec
+    # The row's allowed-token bitmask for this step (b"": every token).
+    allowed: bytes = b""
     # KV of tokens before input_ids (one [kv_heads, p, head_dim] array per past input), or None.
     past: list[np.ndarray] | None = None
 
@@ -41,6 +43,8 @@ class DecodeInput:
     next_ids: np.ndarray
     # One spec per row, or None to keep each row's previous spec.
     outputs: list[OutputSpec] | None
+    # One allowed-token bitmask per row for this step (b"": every token), or None: none.
+    allowed: list[bytes] | None = None
 
 
 @dataclasses.dataclass
@@ -49,6 +53,8 @@ class StepResult:
     logits: np.ndarray
     specs: list[OutputSpec]
     forward_us: int
+    # Per row, the allowed-token bitmask applied to this step's logits (b"": none).
+    allowed: list[bytes] | None = None
 
 
 @dataclasses.dataclass
@@ -82,6 +88,17 @@ class Engine:
         if kind == lm_pb2.TOP_N:
             check_limit(f"{field}.top_n", top_n, 1, self.max_top_n)
         return (kind, top_n)
+
+    def check_allowed(self, field: str, allowed: bytes) -> bytes:
+        """An allowed-token bitmask: at most one bit per id (rounded up to 32-bit words), one token at least."""
+        limit = (self.info.vocab_size + 31) // 32 * 4
+        if len(allowed) > limit:
+            raise InvalidArgument(
+                field, f"is {len(allowed)} bytes; a vocabulary of {self.info.vocab_size} takes at most {limit}"
+            )
+        if allowed and not any(allowed):
+            raise InvalidArgument(field, "allows no token")
+        return allowed
 
     def check_ids(self, field: str, ids: np.ndarray) -> None:
         if ids.size and int(ids.max()) >= self.info.vocab_size:
@@ -160,7 +177,8 @@ class Engine:
             [r.output for r in rows],
             [r.past for r in rows],
         )
-        return StepResult(self._store(batch, lease), logits, batch.outputs, forward_us)
+        allowed = [r.allowed for r in rows]
+        return StepResult(self._store(batch, lease), logits, batch.outputs, forward_us, allowed)
 
     def decode(self, items: Sequence[DecodeInput], lease: str = "") -> StepResult:
         if not items:
@@ -202,10 +220,14 @@ class Engine:
         batch = batches[0] if len(batches) == 1 else Batch.concatenate(self.decoder, batches)
         next_ids = np.concatenate([item.next_ids for item in items])
         specs = [s for item, b in zip(items, batches, strict=True) for s in (item.outputs or b.outputs)]
+        allowed = None
+        if any(item.allowed for item in items):
+            allowed = [a for item, b in zip(items, batches, strict=True) for a in (item.allowed or [b""] * b.rows)]
         # step() changes the batch only once its forward has succeeded.
         logits, forward_us = batch.step(self.decoder, next_ids)
         batch.outputs = specs
-        return StepResult(self._store(batch, lease, [item.batch_id for item in items]), logits, specs, forward_us)
+        stored = self._store(batch, lease, [item.batch_id for item in items])
+        return StepResult(stored, logits, specs, forward_us, allowed)
 
     def filter(self, batch_id: str, rows: Sequence[int], lease: str = "") -> tuple[str, int]:
         batch = self._batch("batch_id", batch_id, lease)

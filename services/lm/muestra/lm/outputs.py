@@ -27,8 +27,30 @@ def logsumexp(rows: np.ndarray) -> np.ndarray:
     return (peak + np.log(np.exp(rows - peak).sum(axis=-1, keepdims=True)))[..., 0]
 
 
-def batch_output(logits: np.ndarray, specs: Sequence[OutputSpec]) -> lm_pb2.BatchOutput:
-    """Pack a step's last-position logits (float32 [rows, vocab]) per row spec; argmax is always set."""
+def apply_allowed(logits: np.ndarray, allowed: Sequence[bytes]) -> np.ndarray:
+    """The logits with -inf for every token a row's bitmask leaves out (rows with b"" unchanged)."""
+    logits = np.array(logits, dtype=np.float32)  # the session's output buffer is not ours to change
+    vocab = logits.shape[-1]
+    for i, mask in enumerate(allowed):
+        if mask:
+            bits = np.unpackbits(
+                np.frombuffer(mask, dtype=np.uint8), count=min(vocab, 8 * len(mask)), bitorder="little"
+            )
+            row = logits[i]
+            row[: bits.size][bits == 0] = -np.inf
+            row[bits.size :] = -np.inf
+    return logits
+
+
+def batch_output(
+    logits: np.ndarray, specs: Sequence[OutputSpec], allowed: Sequence[bytes] | None = None
+) -> lm_pb2.BatchOutput:
+    """Pack a step's last-position logits (float32 [rows, vocab]) per row spec; argmax is always set.
+
+    Rows with an allowed-token bitmask are masked first, so their argmax, top-n and logits all see
+    only the allowed tokens."""
+    if allowed is not None and any(allowed):
+        logits = apply_allowed(logits, allowed)
     argmax = logits.argmax(axis=-1)
     full = [i for i, (kind, _) in enumerate(specs) if kind in _FULL]
     out = lm_pb2.BatchOutput()

@@ -87,7 +87,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
 
     def _step_output(self, step, *args) -> tuple[StepResult, lm_pb2.BatchOutput]:
         result = step(*args)
-        return result, batch_output(result.logits, result.specs)
+        return result, batch_output(result.logits, result.specs, result.allowed)
 
     async def Describe(self, request, context) -> lm_pb2.DescribeModelResponse:
         info = self.engine.info
@@ -118,6 +118,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 request_id=row.request_id,
                 input_ids=_ids(row.input_ids),
                 output=self.engine.check_output(f"rows[{i}].output", row.output.kind, row.output.top_n),
+                allowed=self.engine.check_allowed(f"rows[{i}].output.allowed_tokens", row.output.allowed_tokens),
             )
             for i, row in enumerate(request.rows)
         ]
@@ -178,7 +179,11 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 self.engine.check_output(f"batches[{i}].outputs[{j}]", spec.kind, spec.top_n)
                 for j, spec in enumerate(batch.outputs)
             ]
-            items.append(DecodeInput(batch.batch_id, _ids(batch.next_ids), specs or None))
+            allowed = [
+                self.engine.check_allowed(f"batches[{i}].outputs[{j}].allowed_tokens", spec.allowed_tokens)
+                for j, spec in enumerate(batch.outputs)
+            ]
+            items.append(DecodeInput(batch.batch_id, _ids(batch.next_ids), specs or None, allowed or None))
         result, output = await self._decode_step(self._step_output, self.engine.decode, items, lease_of(context))
         metrics.DECODE_STEP_SECONDS.observe(result.forward_us / 1e6)
         metrics.BATCH_ROWS.observe(len(output.rows))

@@ -31,6 +31,10 @@ class TokenizersBackend(TokenizerBackend):
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (as loaded: no padding, no truncation)."""
+        return self.tokenizer.to_str()
+
     def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 

@@ -25,6 +25,7 @@ from muestra.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 T = TypeVar("T")
 log = logging.getLogger("muestra.tokenizer")
 SERVICE_NAME = "muestra.v1.Tokenizer"
+EXPORT_CHUNK_BYTES = 1 << 20
 
 
 @dataclasses.dataclass
@@ -104,6 +105,17 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             backend=t.backend.kind,
             max_text_bytes=self.limits.max_text_bytes,
         )
+
+    async def ExportTokenizer(self, request, context):
+        t = self._select(request.model)
+        to_json = getattr(t.backend, "to_json", None)
+        if to_json is None:
+            raise FailedPrecondition(
+                f"tokenizer {t.name!r} uses the {t.backend.kind} backend, which has no tokenizer.json form"
+            )
+        data = (await self._off_loop(to_json)).encode("utf-8")
+        for start in range(0, len(data), EXPORT_CHUNK_BYTES):
+            yield tokenizer_pb2.TokenizerChunk(data=data[start : start + EXPORT_CHUNK_BYTES])
 
     async def Encode(self, request, context):
         t = self._select(request.model)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from muestra.gateway.constraints.masks import apply_mask
 from muestra.gateway.sampling.chain import Chain
 from muestra.plugin import RowContext, group_rows, log_softmax
 from muestra.runtime.errors import InvalidArgument, check_limit
@@ -34,10 +35,24 @@ class SamplingRow:
     context: RowContext
     logprobs: bool = False
     top_logprobs: int = 0
+    # The row's output constraint (a RowConstraint), and whether the lm applies its mask.
+    constraint: object = None
+    mask_in_lm: bool = True
+
+    @property
+    def forced_token(self) -> int | None:
+        """The next token, when the constraint allows only one and no logprobs are wanted (no sampling)."""
+        if self.constraint is None or self.logprobs:
+            return None
+        return self.constraint.forced
 
     @property
     def output_kind(self) -> int:
         """What the lm service must return for this row: lm_pb2.ARGMAX or lm_pb2.LOGITS."""
+        if self.forced_token is not None:
+            return lm_pb2.ARGMAX
+        if self.constraint is not None and not self.mask_in_lm:
+            return lm_pb2.LOGITS
         if self.chain.argmax_only and not self.logprobs and not self.chain.is_search:
             return lm_pb2.ARGMAX
         return lm_pb2.LOGITS
@@ -52,16 +67,33 @@ def request_generators(seed: int, n: int = 1) -> list[np.random.Generator]:
 
 
 def new_rows(
-    chain: Chain, prompt_ids: Sequence[int], seed: int, n: int = 1, logprobs: bool = False, top_logprobs: int = 0
+    chain: Chain,
+    prompt_ids: Sequence[int],
+    seed: int,
+    n: int = 1,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    constraint=None,
+    mask_in_lm: bool = True,
 ) -> list[SamplingRow]:
-    """The n rows of a request that picks tokens row by row (search strategies use SearchRequest)."""
+    """The n rows of a request that picks tokens row by row (search strategies use SearchRequest).
+
+    `constraint` (a CompiledConstraint) gives each row its own place in the grammar."""
     if chain.is_search:
         raise ValueError(f"{chain.last.sampler.name} is a search strategy: drive it with SearchRequest")
     check_limit("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)
     if top_logprobs and not logprobs:
         raise InvalidArgument("top_logprobs", "needs logprobs to be true")
     return [
-        SamplingRow(chain, RowContext(prompt_ids, rng), logprobs, top_logprobs) for rng in request_generators(seed, n)
+        SamplingRow(
+            chain,
+            RowContext(prompt_ids, rng),
+            logprobs,
+            top_logprobs,
+            constraint.new_row() if constraint is not None else None,
+            mask_in_lm,
+        )
+        for rng in request_generators(seed, n)
     ]
 
 
@@ -104,7 +136,9 @@ def sample_next_tokens(
         logits_row = range(len(rows))
     with_logits = []
     for i, row in enumerate(rows):
-        if logits_row[i] >= 0:
+        if row.forced_token is not None:  # the constraint allows one token: no sampling
+            result.token_ids[i] = row.forced_token
+        elif logits_row[i] >= 0:
             with_logits.append(i)
         elif row.output_kind == lm_pb2.ARGMAX and argmax is not None:
             result.token_ids[i] = argmax[i]
@@ -146,6 +180,9 @@ def _run_chain(rows, index: list[int], logits: np.ndarray, logits_row, result: S
     chain = rows[index[0]].chain
     contexts = [rows[i].context for i in index]
     scores = np.array(logits[[logits_row[i] for i in index]], dtype=np.float32)
+    for k, i in enumerate(index):
+        if rows[i].constraint is not None and not rows[i].mask_in_lm:
+            apply_mask(scores[k], rows[i].constraint.mask)
     for position, step in enumerate(chain.processors):
         params = [rows[i].chain.processors[position].params for i in index]
         scores = step.sampler.process(scores, params, contexts)

@@ -1,0 +1,210 @@
+"""The grammar engine behind every constraint kind: llguidance, one tokenizer per text model.
+
+llguidance was chosen by measurement (docs/architecture.md, "Structured generation"): it compiles
+JSON Schema, regex and Lark grammars, fills numpy bitmasks without torch, releases the GIL while
+it works, and computes a row's mask in tens of microseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import llguidance
+import llguidance.numpy as llg_numpy
+import numpy as np
+
+from muestra.gateway.constraints.registry import ConstraintRegistry
+from muestra.plugin import Grammar, SamplerParamError
+from muestra.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
+from muestra.v1 import tokenizer_pb2
+
+log = logging.getLogger("muestra.constraints")
+COMPILED_CACHE_SIZE = 64
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstraintLimits:
+    """What one request's constraint may cost the gateway."""
+
+    max_bytes: int = 256 * 1024  # the grammar's source (schema JSON, regex or Lark text)
+    compile_timeout_s: float = 10.0
+
+
+class CompiledConstraint:
+    """A request's compiled grammar in its start state; each completion advances a copy of it."""
+
+    def __init__(self, name: str, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self.name = name
+        self.matcher = matcher
+        self.words = (vocab_size + 31) // 32
+
+    def new_row(self) -> RowConstraint:
+        return RowConstraint(self.matcher.deep_copy(), self.words)
+
+
+class RowConstraint:
+    """One completion's place in the grammar, and the tokens it may take next."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, words: int) -> None:
+        self.matcher = matcher
+        self.mask = np.zeros(words, dtype=np.int32)  # set by fill_masks before every step
+        self.forced: int | None = None  # the only allowed next token, when there is one
+        self.forced_count = 0
+        self.error = ""
+
+    def consume(self, token: int) -> bool:
+        """Advance by the chosen token; False (with .error) if the grammar does not allow it."""
+        if token == self.forced:
+            self.forced_count += 1
+        if self.matcher.consume_token(token):
+            return True
+        self.error = f"the constraint does not allow token {token}: {self.matcher.get_error()}"
+        return False
+
+    @property
+    def complete(self) -> bool:
+        """The text is a whole sentence of the language and nothing may follow it."""
+        return self.matcher.is_stopped()
+
+    def mask_bytes(self) -> bytes:
+        return self.mask.tobytes()
+
+
+_executor: llguidance.LLExecutor | None = None
+
+
+def fill_masks(rows: list[RowConstraint]) -> None:
+    """Compute every row's next allowed-token mask (in parallel, without the GIL) and its forced token.
+
+    A row whose grammar allows nothing (a dead end) gets an empty mask and an .error."""
+    global _executor
+    if not rows:
+        return
+    if _executor is None:
+        _executor = llguidance.LLExecutor()
+    masks = np.zeros((len(rows), rows[0].mask.size), dtype=np.int32)
+    llg_numpy.fill_next_token_bitmask_par(_executor, [(row.matcher, i) for i, row in enumerate(rows)], masks)
+    counts = np.bitwise_count(masks.view(np.uint32)).sum(axis=1)
+    for i, row in enumerate(rows):
+        row.mask = masks[i]
+        row.forced = None
+        if counts[i] == 0:
+            detail = row.matcher.get_error() or "no token can continue the text"
+            row.error = f"the constraint reached a dead end: {detail}"
+        elif counts[i] == 1:
+            word = int(np.flatnonzero(masks[i])[0])
+            row.forced = 32 * word + int(masks[i].view(np.uint32)[word]).bit_length() - 1
+
+
+def grammar_text(grammar: Grammar) -> str:
+    """The grammar as llguidance's LLMatcher takes it."""
+    if grammar.kind == "json_schema":
+        # No free whitespace between tokens: a sampled model could otherwise pad forever. A schema's
+        # own "x-guidance" options still apply over these.
+        return llguidance.LLMatcher.grammar_from_json_schema(grammar.source, defaults=JSON_OPTIONS)
+    if grammar.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(grammar.source)
+    if grammar.kind == "lark":
+        return llguidance.LLMatcher.grammar_from_lark(grammar.source)
+    raise ValueError(f"unknown grammar kind {grammar.kind!r}")
+
+
+class GrammarEngine:
+    """Compiles one text model's constraints; fetches its tokenizer from the tokenizer service once."""
+
+    def __init__(self, model, limits: ConstraintLimits, tokenizer_timeout_s: float) -> None:
+        self.model = model
+        self.limits = limits
+        self.tokenizer_timeout_s = tokenizer_timeout_s
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._tokenizer_lock = asyncio.Lock()
+        self._compiled: collections.OrderedDict[tuple[str, str], llguidance.LLMatcher] = collections.OrderedDict()
+        # Compiles run here, so a slow one never holds up the event loop or the default executor.
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="constraint-compile")
+
+    async def tokenizer(self) -> llguidance.LLTokenizer:
+        async with self._tokenizer_lock:
+            if self._tokenizer is None:
+                self._tokenizer = await self._load_tokenizer()
+            return self._tokenizer
+
+    async def _load_tokenizer(self) -> llguidance.LLTokenizer:
+        model = self.model
+        request = tokenizer_pb2.DescribeTokenizerRequest(model=model.tokenizer_model)
+        try:
+            call = model.tokenizer.ExportTokenizer(request, timeout=self.tokenizer_timeout_s)
+            data = b"".join([chunk.data async for chunk in call])
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise FailedPrecondition(f"constraints are not available for {model.name!r}: {exc.details()}") from exc
+            raise Unavailable(f"tokenizer of {model.name!r} failed: {exc.code().name} {exc.details() or ''}") from exc
+        if model.tokenizer_vocab_size > model.vocab_size:
+            raise FailedPrecondition(
+                f"constraints are not available for {model.name!r}: its tokenizer has "
+                f"{model.tokenizer_vocab_size} tokens, more than the model's {model.vocab_size} logits"
+            )
+
+        def build() -> llguidance.LLTokenizer:
+            return llguidance.LLTokenizer(
+                data.decode("utf-8"), n_vocab=model.vocab_size, eos_token=list(model.eos_token_ids) or None
+            )
+
+        tokenizer = await asyncio.get_running_loop().run_in_executor(self._pool, build)
+        log.info("grammar engine ready for %s (%d tokens)", model.name, tokenizer.vocab_size)
+        return tokenizer
+
+    async def compile(
+        self, registry: ConstraintRegistry, name: str, params: Any, field: str = "constraint"
+    ) -> CompiledConstraint:
+        """Validate and compile a request's constraint; InvalidArgument names the field and the limit."""
+        if name not in registry:
+            known = ", ".join(registry.names()) or "none"
+            raise InvalidArgument(f"{field}.name", f"unknown constraint kind {name!r}; registered: {known}")
+        constraint = registry.get(name)
+        try:
+            checked = constraint.validate(params)
+        except SamplerParamError as exc:
+            raise InvalidArgument(f"{field}.params.{exc.field}", f"{exc.message} (constraint {name!r})") from None
+        where = f"{field}.params" + (f".{next(iter(constraint.parameters))}" if len(constraint.parameters) == 1 else "")
+        try:
+            grammar = constraint.grammar(checked)
+            size = len(grammar.source.encode("utf-8"))
+            if size > self.limits.max_bytes:
+                raise InvalidArgument(
+                    where, f"is {size} bytes as a {grammar.kind}; the limit is {self.limits.max_bytes}"
+                )
+            text = grammar_text(grammar)
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(where, f"{exc} (constraint {name!r})") from None
+        tokenizer = await self.tokenizer()
+        key = (grammar.kind, grammar.source)
+        matcher = self._compiled.get(key)
+        if matcher is None:
+            matcher = await self._compile(tokenizer, text, where, grammar.kind)
+            self._compiled[key] = matcher
+            while len(self._compiled) > COMPILED_CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(key)
+        return CompiledConstraint(name, matcher.deep_copy(), self.model.vocab_size)
+
+    async def _compile(self, tokenizer, text: str, where: str, kind: str) -> llguidance.LLMatcher:
+        limit = self.limits.compile_timeout_s
+        work = asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: llguidance.LLMatcher(tokenizer, text, log_level=0)
+        )
+        try:
+            matcher = await asyncio.wait_for(work, limit)
+        except asyncio.TimeoutError:
+            # The thread finishes on its own: llguidance bounds its work with fuel limits.
+            raise InvalidArgument(where, f"did not compile within {limit:g} s (the gateway's limit)") from None
+        if matcher.is_error():
+            raise InvalidArgument(where, f"the {kind} does not compile: {matcher.get_error()}")
+        return matcher

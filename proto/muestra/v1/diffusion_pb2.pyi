@@ -12,7 +12,7 @@ class DescribeDiffusionRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeDiffusionResponse(_message.Message):
-    __slots__ = ("model", "device", "dtype", "pipeline", "default_width", "default_height", "max_width", "max_height", "max_steps", "max_images")
+    __slots__ = ("model", "device", "dtype", "pipeline", "default_width", "default_height", "max_width", "max_height", "max_steps", "max_images", "max_input_image_bytes", "max_input_image_pixels")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,8 @@ class DescribeDiffusionResponse(_message.Message):
     MAX_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_IMAGE_PIXELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     device: str
     dtype: str
@@ -33,7 +35,9 @@ class DescribeDiffusionResponse(_message.Message):
     max_height: int
     max_steps: int
     max_images: int
-    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., pipeline: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_steps: _Optional[int] = ..., max_images: _Optional[int] = ...) -> None: ...
+    max_input_image_bytes: int
+    max_input_image_pixels: int
+    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., pipeline: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_steps: _Optional[int] = ..., max_images: _Optional[int] = ..., max_input_image_bytes: _Optional[int] = ..., max_input_image_pixels: _Optional[int] = ...) -> None: ...
 
 class ListSchedulersRequest(_message.Message):
     __slots__ = ()
@@ -60,7 +64,7 @@ class ListSchedulersResponse(_message.Message):
     def __init__(self, schedulers: _Optional[_Iterable[_Union[SchedulerInfo, _Mapping]]] = ...) -> None: ...
 
 class ImageRequest(_message.Message):
-    __slots__ = ("model", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "sampler", "num_images", "preview_every", "extra")
+    __slots__ = ("model", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "sampler", "num_images", "preview_every", "extra", "init_image", "strength", "mask_image", "mask_from_alpha", "invert_mask", "mask_blur", "padding_mask_crop")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     NEGATIVE_PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +77,13 @@ class ImageRequest(_message.Message):
     NUM_IMAGES_FIELD_NUMBER: _ClassVar[int]
     PREVIEW_EVERY_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    INIT_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    STRENGTH_FIELD_NUMBER: _ClassVar[int]
+    MASK_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MASK_FROM_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    INVERT_MASK_FIELD_NUMBER: _ClassVar[int]
+    MASK_BLUR_FIELD_NUMBER: _ClassVar[int]
+    PADDING_MASK_CROP_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     negative_prompt: str
@@ -85,7 +96,14 @@ class ImageRequest(_message.Message):
     num_images: int
     preview_every: int
     extra: _struct_pb2.Struct
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., sampler: _Optional[str] = ..., num_images: _Optional[int] = ..., preview_every: _Optional[int] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    init_image: bytes
+    strength: float
+    mask_image: bytes
+    mask_from_alpha: bool
+    invert_mask: bool
+    mask_blur: int
+    padding_mask_crop: int
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., sampler: _Optional[str] = ..., num_images: _Optional[int] = ..., preview_every: _Optional[int] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., init_image: _Optional[bytes] = ..., strength: _Optional[float] = ..., mask_image: _Optional[bytes] = ..., mask_from_alpha: _Optional[bool] = ..., invert_mask: _Optional[bool] = ..., mask_blur: _Optional[int] = ..., padding_mask_crop: _Optional[int] = ...) -> None: ...
 
 class ImageProgress(_message.Message):
     __slots__ = ("image_index", "step", "total", "elapsed_s", "preview_png")

@@ -69,7 +69,8 @@ class DiffusionServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Generate(self, request, context):
-        """Denoise: streams progress, then one message per image.
+        """Denoise: streams progress, then one message per image. With init_image it is img2img, with
+        mask_image as well inpainting, on the same loaded weights.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

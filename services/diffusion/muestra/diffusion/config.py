@@ -11,7 +11,7 @@ from muestra.runtime.config import secret
 @dataclasses.dataclass
 class DiffusionConfig(ServiceConfig):
     model: str = dataclasses.field(
-        default="", metadata={"help": "diffusers text-to-image folder (model_index.json, unet/, vae/, ...)"}
+        default="", metadata={"help": "diffusers Stable Diffusion folder (model_index.json, unet/, vae/, ...)"}
     )
     model_name: str = dataclasses.field(
         default="", metadata={"help": "name the model is served under (default: the folder's name)"}
@@ -42,6 +42,13 @@ class DiffusionConfig(ServiceConfig):
     max_images: int = dataclasses.field(default=8, metadata={"help": "most images per request"})
     max_prompt_bytes: int = dataclasses.field(
         default=4096, metadata={"help": "longest prompt or negative_prompt, in UTF-8 bytes"}
+    )
+    max_input_image_bytes: int = dataclasses.field(
+        default=16 * 1024 * 1024, metadata={"help": "largest init_image or mask_image, in encoded bytes"}
+    )
+    max_input_image_pixels: int = dataclasses.field(
+        default=4096 * 4096,
+        metadata={"help": "largest init_image or mask_image, in pixels (checked before the image is decoded)"},
     )
     max_queue: int = dataclasses.field(
         default=16, metadata={"help": "requests that may wait while one runs; more get RESOURCE_EXHAUSTED"}

@@ -1,4 +1,4 @@
-"""The pipeline behind the service: a diffusers text-to-image folder, one image per call."""
+"""The pipelines behind the service: a diffusers folder's text-to-image, img2img and inpainting."""
 
 from __future__ import annotations
 
@@ -47,6 +47,17 @@ class ImageJob:
     guidance_scale: float
     seed: int
     scheduler: Any
+    # img2img with init_image, inpainting with mask_image as well; both already width x height.
+    init_image: Image.Image | None = None
+    mask_image: Image.Image | None = None
+    strength: float = 1.0
+    mask_blur: int = 0
+    padding_mask_crop: int | None = None
+
+    @property
+    def denoise_steps(self) -> int:
+        """The steps the pipeline runs: img2img and inpainting run the last int(steps * strength)."""
+        return self.steps if self.init_image is None else min(int(self.steps * self.strength), self.steps)
 
 
 # Called after each step with (step, total, latents).
@@ -67,10 +78,18 @@ def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
 
 
 class DiffusionEngine:
-    """A loaded diffusers text-to-image pipeline. Not thread-safe: one call at a time."""
+    """A loaded diffusers text-to-image pipeline, and img2img and inpainting on the same modules.
+
+    Not thread-safe: one call at a time.
+    """
 
     def __init__(self, pipe: Any, name: str) -> None:
         self.pipe = pipe
+        # from_pipe shares every module (UNet, VAE, text encoders) with `pipe`: no second copy of the weights.
+        self.img2img = diffusers.AutoPipelineForImage2Image.from_pipe(pipe)
+        self.inpaint = diffusers.AutoPipelineForInpainting.from_pipe(pipe)
+        for task_pipe in (self.img2img, self.inpaint):
+            task_pipe.set_progress_bar_config(disable=True)
         self.name = name
         self.device: torch.device = pipe.device
         self.dtype: torch.dtype = pipe.unet.dtype
@@ -85,6 +104,8 @@ class DiffusionEngine:
         call = inspect.signature(type(pipe).__call__).parameters
         self.default_steps = int(call["num_inference_steps"].default)
         self.default_guidance_scale = float(call["guidance_scale"].default)
+        self.img2img_strength = float(inspect.signature(type(self.img2img).__call__).parameters["strength"].default)
+        self.inpaint_strength = float(inspect.signature(type(self.inpaint).__call__).parameters["strength"].default)
         self.embedding_cache: TextEmbeddingCache | None = None
         self._fingerprint = b""
 
@@ -131,31 +152,21 @@ class DiffusionEngine:
         `cancel` is checked after every denoising iteration; once set, GenerationCancelled leaves the loop.
         """
         generator = torch.Generator("cpu").manual_seed(job.seed)
-        shape = (
-            1,
-            self.pipe.unet.config.in_channels,
-            job.height // self.pipe.vae_scale_factor,
-            job.width // self.pipe.vae_scale_factor,
-        )
-        # Draw the initial noise exactly as the pipeline would on the CPU, in float32, then move it; the same
-        # generator then feeds stochastic schedulers, so its state matches a plain pipeline call.
-        latents = randn_tensor(shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
-        latents = latents.to(self.device, self.dtype)
-        self.pipe.scheduler = job.scheduler
         steps_done = 0
+        total = job.denoise_steps
 
         def callback(pipe, i: int, timestep, tensors: dict) -> dict:
             nonlocal steps_done
             # diffusers' progress-bar rule: second-order and warm-up iterations are not steps of their own.
             iterations, order = pipe.num_timesteps, pipe.scheduler.order
-            warmup = iterations - job.steps * order
+            warmup = iterations - total * order
             is_step = i == iterations - 1 or ((i + 1) > warmup and (i + 1) % order == 0)
             if is_step:
                 steps_done += 1
                 DENOISE_STEPS.inc()
-                on_step(steps_done, job.steps, tensors["latents"])
+                on_step(steps_done, total, tensors["latents"])
             if cancel.is_set():
-                raise GenerationCancelled(f"stopped after step {steps_done} of {job.steps}")
+                raise GenerationCancelled(f"stopped after step {steps_done} of {total}")
             return tensors
 
         text: dict[str, Any] = {"prompt": job.prompt, "negative_prompt": job.negative_prompt or None}
@@ -164,18 +175,52 @@ class DiffusionEngine:
             text = {"prompt_embeds": self._text_embeddings(job.prompt)}
             if guided:  # the pipeline's unconditional input: the negative prompt, or ""
                 text["negative_prompt_embeds"] = self._text_embeddings(job.negative_prompt)
+        pipe, task = self._task(job, generator)
+        pipe.scheduler = job.scheduler
         try:
-            result = self.pipe(
+            result = pipe(
                 **text,
-                width=job.width,
-                height=job.height,
+                **task,
                 num_inference_steps=job.steps,
                 guidance_scale=job.guidance_scale,
                 generator=generator,
-                latents=latents,
                 callback_on_step_end=callback,
                 output_type="pil",
             )
         finally:
-            self.pipe.scheduler = self.base_scheduler
-        return result.images[0]
+            pipe.scheduler = self.base_scheduler
+        image = result.images[0]
+        if job.mask_blur and job.padding_mask_crop is None:
+            # A1111 pastes the result over the original through the blurred mask (with padding_mask_crop the
+            # pipeline does so itself, with the mask it was given), so the kept area keeps its pixels.
+            image = self.inpaint.image_processor.apply_overlay(task["mask_image"], job.init_image, image)
+        return image
+
+    def _task(self, job: ImageJob, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
+        """The pipeline for the job's task, and the arguments only that task takes."""
+        if job.init_image is None:
+            shape = (
+                1,
+                self.pipe.unet.config.in_channels,
+                job.height // self.pipe.vae_scale_factor,
+                job.width // self.pipe.vae_scale_factor,
+            )
+            # Draw the initial noise exactly as the pipeline would on the CPU, in float32, then move it; the same
+            # generator then feeds stochastic schedulers, so its state matches a plain pipeline call.
+            latents = randn_tensor(shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
+            latents = latents.to(self.device, self.dtype)
+            return self.pipe, {"width": job.width, "height": job.height, "latents": latents}
+        if job.mask_image is None:
+            # The image is already width x height; the img2img pipelines take their size from it.
+            return self.img2img, {"image": job.init_image, "strength": job.strength}
+        mask = job.mask_image
+        if job.mask_blur:
+            mask = self.inpaint.mask_processor.blur(mask, blur_factor=job.mask_blur)
+        return self.inpaint, {
+            "image": job.init_image,
+            "mask_image": mask,
+            "strength": job.strength,
+            "width": job.width,
+            "height": job.height,
+            "padding_mask_crop": job.padding_mask_crop,
+        }

@@ -25,6 +25,10 @@ def parameters_text(
     height: int,
     model: str,
     scheduler_options: dict | None = None,
+    strength: float | None = None,
+    mask_blur: int | None = None,
+    invert_mask: bool = False,
+    padding_mask_crop: int | None = None,
 ) -> str:
     """The text A1111 writes: the prompt, "Negative prompt: ...", then one line of key: value pairs."""
     lines = [prompt]
@@ -38,6 +42,15 @@ def parameters_text(
         ("Size", f"{width}x{height}"),
         ("Model", model),
     ]
+    # img2img and inpainting, under A1111's names.
+    if strength is not None:
+        pairs.append(("Denoising strength", f"{strength:g}"))
+    if mask_blur is not None:
+        pairs.append(("Mask blur", str(mask_blur)))
+    if invert_mask:
+        pairs.append(("Mask mode", "Inpaint not masked"))
+    if padding_mask_crop is not None:
+        pairs += [("Inpaint area", "Only masked"), ("Masked area padding", str(padding_mask_crop))]
     if scheduler_options:
         pairs.append(("Scheduler options", json.dumps(scheduler_options, sort_keys=True)))
     lines.append(", ".join(f"{key}: {_quote(value)}" for key, value in pairs))

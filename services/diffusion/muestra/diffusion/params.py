@@ -8,7 +8,9 @@ import secrets
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2
+from PIL import Image
 
+from muestra.diffusion.input_images import InputLimits, open_image, read_mask
 from muestra.diffusion.registry import SchedulerEntry, SchedulerRegistry
 from muestra.runtime.errors import InvalidArgument, NotFound, check_limit
 from muestra.v1 import diffusion_pb2
@@ -16,6 +18,8 @@ from muestra.v1 import diffusion_pb2
 MAX_SEED = 2**64 - 1
 MAX_EXTRA_BYTES = 16 * 1024
 EXTRA_KEYS = ("scheduler",)
+# A1111's largest mask blur.
+MAX_MASK_BLUR = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +34,9 @@ class Limits:
     native_width: int = 0
     native_height: int = 0
     max_size_factor: float = 0.0
+    # init_image and mask_image: encoded bytes, and decoded pixels.
+    max_input_image_bytes: int = 16 * 1024 * 1024
+    max_input_image_pixels: int = 4096 * 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +46,9 @@ class Defaults:
     height: int
     steps: int
     guidance_scale: float
+    # The pipelines' own default strengths.
+    img2img_strength: float = 0.8
+    inpaint_strength: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,10 +67,33 @@ class GenerationParams:
     # Overrides of the scheduler's config, from extra["scheduler"].
     scheduler_options: dict[str, Any]
     preview_every: int
+    # img2img with init_image (already width x height), inpainting with mask_image as well ("L", same size).
+    init_image: Image.Image | None = None
+    mask_image: Image.Image | None = None
+    strength: float = 1.0
+    invert_mask: bool = False
+    mask_blur: int = 0
+    padding_mask_crop: int | None = None
 
     @property
     def seeds(self) -> list[int]:
         return [self.seed + i for i in range(self.num_images)]
+
+    @property
+    def task(self) -> str:
+        """The task: txt2img, img2img (init_image) or inpaint (init_image and mask_image)."""
+        if self.init_image is None:
+            return "txt2img"
+        return "img2img" if self.mask_image is None else "inpaint"
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInputs:
+    init_image: Image.Image | None = None
+    mask_image: Image.Image | None = None
+    strength: float = 1.0
+    mask_blur: int = 0
+    padding_mask_crop: int | None = None
 
 
 def _check_text(field: str, text: str, limit: int) -> None:
@@ -158,10 +191,15 @@ def parse_image_request(
         raise NotFound(f"model {request.model!r} is not served here; this service serves {defaults.model!r}")
     _check_text("prompt", request.prompt, limits.max_prompt_bytes)
     _check_text("negative_prompt", request.negative_prompt, limits.max_prompt_bytes)
-    width = _check_size("width", request.width, defaults.width, limits.min_size, limits.max_width)
-    height = _check_size("height", request.height, defaults.height, limits.min_size, limits.max_height)
-    _check_native("width", width, limits.native_width, limits)
-    _check_native("height", height, limits.native_height, limits)
+    init = _open_init_image(request, limits)
+    default_width, default_height = (defaults.width, defaults.height) if init is None else _multiple_of_8(init)
+    # Without width or height, the size comes from init_image: say so when it is the size that is refused.
+    width_field = "width" if request.width or init is None else "init_image's width"
+    height_field = "height" if request.height or init is None else "init_image's height"
+    width = _check_size(width_field, request.width or default_width, 0, limits.min_size, limits.max_width)
+    height = _check_size(height_field, request.height or default_height, 0, limits.min_size, limits.max_height)
+    _check_native(width_field, width, limits.native_width, limits)
+    _check_native(height_field, height, limits.native_height, limits)
     steps = request.steps or defaults.steps
     check_limit("steps", steps, 1, limits.max_steps)
     num_images = request.num_images or 1
@@ -187,6 +225,7 @@ def parse_image_request(
         if options:
             raise InvalidArgument("extra.scheduler", f"sampler {sampler.name!r} rejects these options: {exc}") from exc
         raise InvalidArgument("steps", f"sampler {sampler.name!r} cannot run {steps} steps: {exc}") from exc
+    inputs = _image_inputs(request, init, width, height, steps, limits, defaults)
     return GenerationParams(
         prompt=request.prompt,
         negative_prompt=request.negative_prompt,
@@ -199,4 +238,90 @@ def parse_image_request(
         sampler=sampler,
         scheduler_options=options,
         preview_every=request.preview_every,
+        init_image=inputs.init_image,
+        mask_image=inputs.mask_image,
+        strength=inputs.strength,
+        invert_mask=request.invert_mask,
+        mask_blur=inputs.mask_blur,
+        padding_mask_crop=inputs.padding_mask_crop,
     )
+
+
+def _multiple_of_8(image: Image.Image) -> tuple[int, int]:
+    """init_image's size rounded down to a multiple of 8 (what diffusers' image processor would make of it)."""
+    width, height = image.width - image.width % 8, image.height - image.height % 8
+    if not width or not height:
+        raise InvalidArgument("init_image", f"is {image.width}x{image.height}; each side must be at least 8 pixels")
+    return width, height
+
+
+def _input_limits(limits: Limits) -> InputLimits:
+    return InputLimits(max_bytes=limits.max_input_image_bytes, max_pixels=limits.max_input_image_pixels)
+
+
+def _open_init_image(request: diffusion_pb2.ImageRequest, limits: Limits) -> Image.Image | None:
+    """init_image decoded (None without one), after the fields that need it are checked for it."""
+    if not request.init_image:
+        needs = [
+            name
+            for name, given in (
+                ("strength", request.HasField("strength")),
+                ("mask_image", bool(request.mask_image)),
+            )
+            if given
+        ]
+        if needs:
+            raise InvalidArgument(needs[0], "needs init_image (img2img and inpainting start from an image)")
+        return None
+    return open_image("init_image", request.init_image, _input_limits(limits))
+
+
+def _image_inputs(
+    request: diffusion_pb2.ImageRequest,
+    init: Image.Image | None,
+    width: int,
+    height: int,
+    steps: int,
+    limits: Limits,
+    defaults: Defaults,
+) -> ImageInputs:
+    """init_image and mask_image resized to width x height, the strength, and the mask options, all checked."""
+    mask_options = [
+        name
+        for name, given in (
+            ("mask_from_alpha", request.mask_from_alpha),
+            ("invert_mask", request.invert_mask),
+            ("mask_blur", request.mask_blur > 0),
+            ("padding_mask_crop", request.HasField("padding_mask_crop")),
+        )
+        if given
+    ]
+    if not request.mask_image and mask_options:
+        raise InvalidArgument(mask_options[0], "needs mask_image (it is an inpainting option)")
+    if init is None:
+        return ImageInputs()
+    mask = None
+    if request.mask_image:
+        mask = read_mask(request.mask_image, _input_limits(limits), request.mask_from_alpha, request.invert_mask)
+        if mask.size != init.size:
+            raise InvalidArgument(
+                "mask_image",
+                f"is {mask.width}x{mask.height}; it must be the size of init_image, {init.width}x{init.height}",
+            )
+    check_limit("mask_blur", request.mask_blur, 0, MAX_MASK_BLUR)
+    padding = request.padding_mask_crop if request.HasField("padding_mask_crop") else None
+    if padding is not None:
+        check_limit("padding_mask_crop", padding, 0, max(width, height))
+    default_strength = defaults.img2img_strength if mask is None else defaults.inpaint_strength
+    strength = request.strength if request.HasField("strength") else default_strength
+    if not (math.isfinite(strength) and 0 < strength <= 1):
+        raise InvalidArgument("strength", f"must be in (0, 1], got {strength}")
+    if int(steps * strength) < 1:
+        raise InvalidArgument(
+            "strength", f"{strength:g} of {steps} steps leaves int(steps * strength) = 0 steps to run; raise either"
+        )
+    init = init.convert("RGB")
+    if init.size != (width, height):  # A1111's "Just resize", with the resampling diffusers' processor uses
+        init = init.resize((width, height), Image.LANCZOS)
+        mask = mask.resize((width, height), Image.LANCZOS) if mask is not None else None
+    return ImageInputs(init, mask, float(strength), request.mask_blur, padding)

@@ -57,6 +57,8 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             native_width=engine.default_width,
             native_height=engine.default_height,
             max_size_factor=config.max_size_factor,
+            max_input_image_bytes=config.max_input_image_bytes,
+            max_input_image_pixels=config.max_input_image_pixels,
         )
         self.defaults = Defaults(
             model=engine.name,
@@ -66,6 +68,8 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             guidance_scale=(
                 config.default_guidance_scale if config.default_guidance_scale >= 0 else engine.default_guidance_scale
             ),
+            img2img_strength=engine.img2img_strength,
+            inpaint_strength=engine.inpaint_strength,
         )
         self.default_sampler = registry.model_default(engine.base_scheduler)
         self.worker = GenerationWorker(engine, config.max_queue, torch_threads(config.torch_threads, engine))
@@ -82,6 +86,8 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             max_height=self.limits.max_height,
             max_steps=self.limits.max_steps,
             max_images=self.limits.max_images,
+            max_input_image_bytes=self.limits.max_input_image_bytes,
+            max_input_image_pixels=self.limits.max_input_image_pixels,
         )
 
     async def ListSchedulers(self, request, context):
@@ -100,7 +106,9 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
 
     async def Generate(self, request, context):
         started = time.perf_counter()
-        params = parse_image_request(
+        # Off the event loop: decoding an init or mask image takes a while, and other streams are running.
+        params = await asyncio.to_thread(
+            parse_image_request,
             request,
             self.limits,
             self.defaults,
@@ -110,8 +118,8 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
         )
         generation = self.worker.submit(params, started)
         log.info(
-            "generate %dx%d steps=%d sampler=%s images=%d seed=%d",
-            params.width, params.height, params.steps, params.sampler.name, params.num_images, params.seed,
+            "generate %s %dx%d steps=%d sampler=%s images=%d seed=%d",
+            params.task, params.width, params.height, params.steps, params.sampler.name, params.num_images, params.seed,
         )  # fmt: skip
         try:
             async for event in generation.events():

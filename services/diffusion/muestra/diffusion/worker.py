@@ -145,6 +145,11 @@ class GenerationWorker:
             guidance_scale=params.guidance_scale,
             seed=seed,
             scheduler=scheduler,
+            init_image=params.init_image,
+            mask_image=params.mask_image,
+            strength=params.strength,
+            mask_blur=params.mask_blur,
+            padding_mask_crop=params.padding_mask_crop,
         )
 
         def on_step(step: int, total: int, latents: torch.Tensor) -> None:
@@ -166,6 +171,10 @@ class GenerationWorker:
             height=params.height,
             model=self.engine.name,
             scheduler_options=params.scheduler_options,
+            strength=params.strength if params.init_image is not None else None,
+            mask_blur=params.mask_blur if params.mask_image is not None else None,
+            invert_mask=params.invert_mask,
+            padding_mask_crop=params.padding_mask_crop,
         )
         png = encode_png(image, text)
         IMAGES.inc()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import io
+import re
+import time
 
+import grpc
 import numpy as np
 import pytest
 from diffusers import EulerAncestralDiscreteScheduler
 from PIL import Image, ImageOps
 
-from tests.diffusion.client import generate, pixels
+from muestra.v1 import diffusion_pb2
+from tests.diffusion.client import generate, pixels, stub
 
 PROMPT = "a watercolor painting of a lighthouse at sunset"
 
@@ -81,9 +85,7 @@ def test_img2img_defaults_to_the_pipelines_strength_and_the_images_size(diffusio
 @pytest.mark.parametrize(("fmt", "options"), [("JPEG", {"quality": 90}), ("WEBP", {"lossless": True})])
 def test_jpeg_and_webp_init_images_are_read_as_pil_reads_them(fmt, options, diffusion_service, reference_edits):
     data = encode(random_image(seed=5), fmt, **options)
-    [image] = generate(
-        diffusion_service.address, prompt=PROMPT, init_image=data, strength=0.5, steps=4, seed=6
-    ).images
+    [image] = generate(diffusion_service.address, prompt=PROMPT, init_image=data, strength=0.5, steps=4, seed=6).images
     decoded = Image.open(io.BytesIO(data)).convert("RGB")
     expected = reference_edits.image(
         reference_edits.img2img, prompt=PROMPT, image=decoded, strength=0.5, num_inference_steps=4, seed=6
@@ -182,3 +184,29 @@ def test_an_inverted_mask_and_an_alpha_mask_equal_the_pipeline_with_the_mask_the
         mask_from_alpha=True, strength=0.8, steps=5, seed=16,
     ).images  # fmt: skip
     np.testing.assert_array_equal(pixels(by_alpha.png), np.asarray(expected))
+
+
+def test_inpainting_streams_previews_and_stops_within_a_step_of_a_cancel(diffusion_service):
+    init, mask = random_image(256, 256, seed=17), square_mask(256, 256)
+    request = diffusion_pb2.ImageRequest(
+        prompt=PROMPT, init_image=encode(init), mask_image=encode(mask), strength=1.0, steps=150, seed=18,
+        preview_every=2,
+    )  # fmt: skip
+    call = stub(diffusion_service.address).Generate(request, timeout=300)
+    progress = [next(call).progress for _ in range(2)]
+    assert [(p.step, p.total, bool(p.preview_png)) for p in progress] == [(1, 150, False), (2, 150, True)]
+    call.cancel()
+    with pytest.raises(grpc.RpcError) as error:
+        next(call)
+    assert error.value.code() == grpc.StatusCode.CANCELLED
+    found = []
+    for _ in range(100):
+        log = diffusion_service.process.log_tail(400)
+        found = re.findall(r"cancelled by the client at step (\d+); the loop stopped after step (\d+) of 150", log)
+        if found:
+            break
+        time.sleep(0.1)
+    cancelled_at, stopped_after = map(int, found[-1])
+    assert stopped_after - cancelled_at <= 1
+    [image] = generate(diffusion_service.address, prompt=PROMPT, init_image=encode(init), steps=2, seed=1).images
+    assert (image.width, image.height) == (256, 256)

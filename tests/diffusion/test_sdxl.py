@@ -48,3 +48,35 @@ def test_sdxl_pixels_equal_a_bare_sdxl_pipeline_call(sdxl_model, sdxl_service):
             output_type="np",
         ).images[0]
     np.testing.assert_array_equal(pixels(image.png), (expected * 255).round().astype(np.uint8))
+
+
+def test_sdxl_img2img_and_inpainting_equal_bare_sdxl_pipelines(sdxl_model, sdxl_service):
+    from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLInpaintPipeline, StableDiffusionXLPipeline
+
+    from tests.diffusion.test_img2img import encode, random_image, square_mask
+
+    init, mask = random_image(seed=30), square_mask()
+    [edited] = generate(
+        sdxl_service.address, prompt="a lighthouse", init_image=encode(init), strength=0.6, steps=5, seed=31
+    ).images
+    [inpainted] = generate(
+        sdxl_service.address, prompt="a lighthouse", init_image=encode(init), mask_image=encode(mask), strength=0.8,
+        steps=5, seed=32, guidance_scale=6.0,
+    ).images  # fmt: skip
+
+    base = StableDiffusionXLPipeline.from_pretrained(sdxl_model, local_files_only=True)
+    components = {k: v for k, v in base.components.items() if k not in ("image_encoder", "feature_extractor")}
+    img2img = StableDiffusionXLImg2ImgPipeline(**components)
+    inpaint = StableDiffusionXLInpaintPipeline(**components)
+    with torch_threads(TORCH_THREADS):
+        expected_edit = img2img(
+            prompt="a lighthouse", image=init, strength=0.6, num_inference_steps=5,
+            generator=torch.Generator("cpu").manual_seed(31),
+        ).images[0]  # fmt: skip
+        inpaint.scheduler = type(base.scheduler).from_config(base.scheduler.config)
+        expected_inpaint = inpaint(
+            prompt="a lighthouse", image=init, mask_image=mask, strength=0.8, num_inference_steps=5, width=64,
+            height=64, guidance_scale=6.0, generator=torch.Generator("cpu").manual_seed(32),
+        ).images[0]  # fmt: skip
+    np.testing.assert_array_equal(pixels(edited.png), np.asarray(expected_edit))
+    np.testing.assert_array_equal(pixels(inpainted.png), np.asarray(expected_inpaint))

@@ -24,6 +24,7 @@ pytest_plugins = [
     "tests.fixtures.text_stack",
     "tests.fixtures.openai_stack",
     "tests.fixtures.prefix_cache",
+    "tests.fixtures.structured",
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -192,5 +193,9 @@ def build_request(
     if constraint is not None:
         request.constraint.SetInParent()
         request.constraint.name = constraint["name"]
-        request.constraint.params.update(constraint.get("params") or {})
+        params = dict(constraint.get("params") or {})
+        if constraint["name"] == "json_schema" and isinstance(params.get("schema"), Mapping):
+            # As JSON text: a Struct would lose the order of the properties, which the output follows.
+            params["schema"] = json.dumps(params["schema"])
+        request.constraint.params.update(params)
     return request

@@ -400,8 +400,9 @@ class ReplicaScheduler:
 
     async def _decode(self) -> lm_pb2.DecodeResponse:
         batches = []
-        # Rows with constraints send their masks with every step (and so every row its kind).
-        masked = self.mask_in_lm and any(
+        # Rows with constraints send their kinds (which change on forced tokens) and, when the lm applies
+        # them, their masks with every step; so does every row of their batches.
+        masked = any(
             isinstance(r, Sequence) and r.sampling.constraint is not None
             for r in (*self.rows, *(r for _, rows in self.joining for r in rows))
         )

@@ -1,6 +1,8 @@
 """A JSON value valid against a JSON Schema (OpenAI's response_format json_schema, vLLM's guided_json)."""
 
-from muestra.plugin import REQUIRED, Constraint, Grammar, Object, hookimpl
+import json
+
+from muestra.plugin import REQUIRED, Constraint, Grammar, Param, hookimpl
 
 
 def _integral(value):
@@ -14,13 +16,36 @@ def _integral(value):
     return value
 
 
+def _schema(value) -> dict:
+    """The schema as an object. JSON text keeps the order of its properties, which the generated JSON
+    follows; a protobuf Struct does not keep key order, so clients send the text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"is not valid JSON: {exc}") from None
+    elif isinstance(value, dict):
+        value = _integral(value)
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON Schema object (or its JSON text), got {type(value).__name__}")
+    return value
+
+
+SCHEMA = Param(
+    REQUIRED,
+    "The JSON Schema, as an object or as JSON text (which keeps the order of its properties).",
+    {"type": ["object", "string"]},
+    _schema,
+)
+
+
 class JsonSchema(Constraint):
     name = "json_schema"
     description = "The text is JSON valid against a JSON Schema."
-    parameters = {"schema": Object(REQUIRED, "The JSON Schema (draft 2020-12 keywords the engine supports).")}
+    parameters = {"schema": SCHEMA}
 
     def grammar(self, params):
-        return Grammar.json_schema(_integral(params["schema"]))
+        return Grammar.json_schema(params["schema"])
 
 
 @hookimpl

@@ -65,7 +65,7 @@ class RowConstraint:
             self.forced_count += 1
         if self.matcher.consume_token(token):
             return True
-        self.error = f"the constraint does not allow token {token}: {self.matcher.get_error()}"
+        self.error = f"the constraint does not allow token {token}: {short_error(self.matcher.get_error())}"
         return False
 
     @property
@@ -75,6 +75,12 @@ class RowConstraint:
 
     def mask_bytes(self) -> bytes:
         return self.mask.tobytes()
+
+
+def short_error(message: str, limit: int = 600) -> str:
+    """An engine error without its parser-state dump, bounded in length."""
+    message = message.split("<state>", 1)[0].strip()
+    return message if len(message) <= limit else message[: limit - 1] + "…"
 
 
 _executor: llguidance.LLExecutor | None = None
@@ -96,7 +102,7 @@ def fill_masks(rows: list[RowConstraint]) -> None:
         row.mask = masks[i]
         row.forced = None
         if counts[i] == 0:
-            detail = row.matcher.get_error() or "no token can continue the text"
+            detail = short_error(row.matcher.get_error()) or "no token can continue the text"
             row.error = f"the constraint reached a dead end: {detail}"
         elif counts[i] == 1:
             word = int(np.flatnonzero(masks[i])[0])
@@ -206,5 +212,5 @@ class GrammarEngine:
             # The thread finishes on its own: llguidance bounds its work with fuel limits.
             raise InvalidArgument(where, f"did not compile within {limit:g} s (the gateway's limit)") from None
         if matcher.is_error():
-            raise InvalidArgument(where, f"the {kind} does not compile: {matcher.get_error()}")
+            raise InvalidArgument(where, f"the {kind} does not compile: {short_error(matcher.get_error())}")
         return matcher

@@ -36,7 +36,8 @@ def add_sampling_arguments(parser) -> None:
 def _param(step: str, item: str) -> tuple[str, object]:
     key, sep, text = item.partition("=")
     if not sep or not key:
-        raise CliError(f"--sampler {step}: {item!r} is not KEY=VALUE (a prompt goes before --sampler, or after --)", 2)
+        flag = step if step.startswith("--") else f"--sampler {step}"
+        raise CliError(f"{flag}: {item!r} is not KEY=VALUE (a prompt goes before the flag, or after --)", 2)
     try:
         return key, json.loads(text)
     except ValueError:
@@ -71,7 +72,38 @@ def add_parser(sub) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS (up to --max-tokens)")
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     parser.add_argument("--json", action="store_true", help="print the final stats as JSON after the text")
+    constrain = parser.add_mutually_exclusive_group()
+    constrain.add_argument("--json-schema", metavar="FILE", help="the text is JSON valid against this JSON Schema file")
+    constrain.add_argument("--regex", metavar="PATTERN", help="the whole text matches this regular expression")
+    constrain.add_argument("--grammar", metavar="FILE", help="the text is in the language of this Lark grammar file")
+    constrain.add_argument(
+        "--constraint", nargs="+", metavar=("NAME", "KEY=VALUE"),
+        help="a constraint kind by name with its params, e.g. --constraint choice 'choices=[\"yes\", \"no\"]' "
+        "(values are JSON, else text; `muestra plugins` lists the kinds)",
+    )  # fmt: skip
     parser.set_defaults(run=run)
+
+
+def _read_file(flag: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except OSError as exc:
+        raise CliError(f"{flag}: cannot read {path}: {exc.strerror}", 2) from None
+
+
+def constraint_of(args) -> dict | None:
+    """The request's constraint from --json-schema, --regex, --grammar or --constraint."""
+    if args.json_schema is not None:
+        return {"name": "json_schema", "params": {"schema": _read_file("--json-schema", args.json_schema)}}
+    if args.regex is not None:
+        return {"name": "regex", "params": {"pattern": args.regex}}
+    if args.grammar is not None:
+        return {"name": "grammar", "params": {"lark": _read_file("--grammar", args.grammar)}}
+    if args.constraint:
+        name, *items = args.constraint
+        return {"name": name, "params": dict(_param(f"--constraint {name}", item) for item in items)}
+    return None
 
 
 def read_prompt(text: str) -> str:
@@ -87,11 +119,16 @@ def run(args) -> int:
     kwargs = sampling_kwargs(args)
     if args.prompt is None:
         raise CliError("give a prompt, or - to read it from standard input", 2)
+    constraint = constraint_of(args)
     prompt = read_prompt(args.prompt)
     messages = [{"role": "user", "content": prompt}] if args.chat else None
     with Client(args.gateway, api_key=api_key(args.api_key)) as client:
         generation = client.generate(
-            None if args.chat else prompt, messages=messages, ignore_eos=args.ignore_eos, **kwargs
+            None if args.chat else prompt,
+            messages=messages,
+            ignore_eos=args.ignore_eos,
+            constraint=constraint,
+            **kwargs,
         )
         try:
             for delta in generation:

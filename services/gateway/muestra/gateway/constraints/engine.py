@@ -78,8 +78,11 @@ class RowConstraint:
 
 
 def short_error(message: str, limit: int = 600) -> str:
-    """An engine error without its parser-state dump, bounded in length."""
-    message = message.split("<state>", 1)[0].strip()
+    """An engine error on one line: its first line and its `error:` lines, no parser-state dump or carets."""
+    lines = [line.strip() for line in message.split("<state>", 1)[0].splitlines() if line.strip()]
+    if not lines:
+        return ""
+    message = " ".join([lines[0], *(line for line in lines[1:] if line.startswith("error:"))])
     return message if len(message) <= limit else message[: limit - 1] + "…"
 
 

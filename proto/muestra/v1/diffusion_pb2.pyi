@@ -12,7 +12,7 @@ class DescribeDiffusionRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeDiffusionResponse(_message.Message):
-    __slots__ = ("model", "device", "dtype", "pipeline", "default_width", "default_height", "max_width", "max_height", "max_steps", "max_images", "max_input_image_bytes", "max_input_image_pixels")
+    __slots__ = ("model", "device", "dtype", "pipeline", "default_width", "default_height", "max_width", "max_height", "max_steps", "max_images", "max_input_image_bytes", "max_input_image_pixels", "max_loras")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class DescribeDiffusionResponse(_message.Message):
     MAX_IMAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_IMAGE_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
     model: str
     device: str
     dtype: str
@@ -37,7 +38,8 @@ class DescribeDiffusionResponse(_message.Message):
     max_images: int
     max_input_image_bytes: int
     max_input_image_pixels: int
-    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., pipeline: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_steps: _Optional[int] = ..., max_images: _Optional[int] = ..., max_input_image_bytes: _Optional[int] = ..., max_input_image_pixels: _Optional[int] = ...) -> None: ...
+    max_loras: int
+    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., pipeline: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_steps: _Optional[int] = ..., max_images: _Optional[int] = ..., max_input_image_bytes: _Optional[int] = ..., max_input_image_pixels: _Optional[int] = ..., max_loras: _Optional[int] = ...) -> None: ...
 
 class ListSchedulersRequest(_message.Message):
     __slots__ = ()
@@ -63,8 +65,36 @@ class ListSchedulersResponse(_message.Message):
     schedulers: _containers.RepeatedCompositeFieldContainer[SchedulerInfo]
     def __init__(self, schedulers: _Optional[_Iterable[_Union[SchedulerInfo, _Mapping]]] = ...) -> None: ...
 
+class ListLorasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoraInfo(_message.Message):
+    __slots__ = ("name", "file", "size_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    file: str
+    size_bytes: int
+    def __init__(self, name: _Optional[str] = ..., file: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class ListLorasResponse(_message.Message):
+    __slots__ = ("loras",)
+    LORAS_FIELD_NUMBER: _ClassVar[int]
+    loras: _containers.RepeatedCompositeFieldContainer[LoraInfo]
+    def __init__(self, loras: _Optional[_Iterable[_Union[LoraInfo, _Mapping]]] = ...) -> None: ...
+
+class LoraWeight(_message.Message):
+    __slots__ = ("name", "weight")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weight: float
+    def __init__(self, name: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
+
 class ImageRequest(_message.Message):
-    __slots__ = ("model", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "sampler", "num_images", "preview_every", "extra", "init_image", "strength", "mask_image", "mask_from_alpha", "invert_mask", "mask_blur", "padding_mask_crop")
+    __slots__ = ("model", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "sampler", "num_images", "preview_every", "extra", "init_image", "strength", "mask_image", "mask_from_alpha", "invert_mask", "mask_blur", "padding_mask_crop", "loras")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     NEGATIVE_PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +114,7 @@ class ImageRequest(_message.Message):
     INVERT_MASK_FIELD_NUMBER: _ClassVar[int]
     MASK_BLUR_FIELD_NUMBER: _ClassVar[int]
     PADDING_MASK_CROP_FIELD_NUMBER: _ClassVar[int]
+    LORAS_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     negative_prompt: str
@@ -103,7 +134,8 @@ class ImageRequest(_message.Message):
     invert_mask: bool
     mask_blur: int
     padding_mask_crop: int
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., sampler: _Optional[str] = ..., num_images: _Optional[int] = ..., preview_every: _Optional[int] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., init_image: _Optional[bytes] = ..., strength: _Optional[float] = ..., mask_image: _Optional[bytes] = ..., mask_from_alpha: _Optional[bool] = ..., invert_mask: _Optional[bool] = ..., mask_blur: _Optional[int] = ..., padding_mask_crop: _Optional[int] = ...) -> None: ...
+    loras: _containers.RepeatedCompositeFieldContainer[LoraWeight]
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., sampler: _Optional[str] = ..., num_images: _Optional[int] = ..., preview_every: _Optional[int] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., init_image: _Optional[bytes] = ..., strength: _Optional[float] = ..., mask_image: _Optional[bytes] = ..., mask_from_alpha: _Optional[bool] = ..., invert_mask: _Optional[bool] = ..., mask_blur: _Optional[int] = ..., padding_mask_crop: _Optional[int] = ..., loras: _Optional[_Iterable[_Union[LoraWeight, _Mapping]]] = ...) -> None: ...
 
 class ImageProgress(_message.Message):
     __slots__ = ("image_index", "step", "total", "elapsed_s", "preview_png")

@@ -44,6 +44,11 @@ class DiffusionStub:
                 request_serializer=muestra_dot_v1_dot_diffusion__pb2.ListSchedulersRequest.SerializeToString,
                 response_deserializer=muestra_dot_v1_dot_diffusion__pb2.ListSchedulersResponse.FromString,
                 _registered_method=True)
+        self.ListLoras = channel.unary_unary(
+                '/muestra.v1.Diffusion/ListLoras',
+                request_serializer=muestra_dot_v1_dot_diffusion__pb2.ListLorasRequest.SerializeToString,
+                response_deserializer=muestra_dot_v1_dot_diffusion__pb2.ListLorasResponse.FromString,
+                _registered_method=True)
         self.Generate = channel.unary_stream(
                 '/muestra.v1.Diffusion/Generate',
                 request_serializer=muestra_dot_v1_dot_diffusion__pb2.ImageRequest.SerializeToString,
@@ -63,6 +68,13 @@ class DiffusionServicer:
 
     def ListSchedulers(self, request, context):
         """Schedulers (samplers) registered by plugins, built-ins included.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLoras(self, request, context):
+        """LoRA adapters in the service's --lora-dir, by the names requests use.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -88,6 +100,11 @@ def add_DiffusionServicer_to_server(servicer, server):
                     servicer.ListSchedulers,
                     request_deserializer=muestra_dot_v1_dot_diffusion__pb2.ListSchedulersRequest.FromString,
                     response_serializer=muestra_dot_v1_dot_diffusion__pb2.ListSchedulersResponse.SerializeToString,
+            ),
+            'ListLoras': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLoras,
+                    request_deserializer=muestra_dot_v1_dot_diffusion__pb2.ListLorasRequest.FromString,
+                    response_serializer=muestra_dot_v1_dot_diffusion__pb2.ListLorasResponse.SerializeToString,
             ),
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
@@ -149,6 +166,33 @@ class Diffusion:
             '/muestra.v1.Diffusion/ListSchedulers',
             muestra_dot_v1_dot_diffusion__pb2.ListSchedulersRequest.SerializeToString,
             muestra_dot_v1_dot_diffusion__pb2.ListSchedulersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLoras(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muestra.v1.Diffusion/ListLoras',
+            muestra_dot_v1_dot_diffusion__pb2.ListLorasRequest.SerializeToString,
+            muestra_dot_v1_dot_diffusion__pb2.ListLorasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,13 @@ class DiffusionConfig(ServiceConfig):
         default=4096 * 4096,
         metadata={"help": "largest init_image or mask_image, in pixels (checked before the image is decoded)"},
     )
+    lora_dir: str = dataclasses.field(
+        default="", metadata={"help": "folder of LoRA adapters (*.safetensors, diffusers or kohya format; empty: none)"}
+    )
+    max_loras: int = dataclasses.field(default=4, metadata={"help": "most LoRA adapters one request may apply"})
+    lora_cache_size: int = dataclasses.field(
+        default=8, metadata={"help": "LoRA adapters kept loaded between requests (at least --max-loras)"}
+    )
     max_queue: int = dataclasses.field(
         default=16, metadata={"help": "requests that may wait while one runs; more get RESOURCE_EXHAUSTED"}
     )

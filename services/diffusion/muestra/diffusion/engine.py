@@ -17,6 +17,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from muestra.diffusion.embeddings import TextEmbeddingCache, embedding_key, text_encoder_fingerprint
+from muestra.diffusion.loras import LoadedAdapters, LoraFile
 from muestra.diffusion.metrics import DENOISE_STEPS
 from muestra.diffusion.model_folder import pipeline_class_name
 from muestra.diffusion.preview import SDXL_BIAS, SDXL_FACTORS, LatentPreview
@@ -53,6 +54,8 @@ class ImageJob:
     strength: float = 1.0
     mask_blur: int = 0
     padding_mask_crop: int | None = None
+    # LoRA adapters and their weights; none runs the base model.
+    loras: tuple[tuple[LoraFile, float], ...] = ()
 
     @property
     def denoise_steps(self) -> int:
@@ -107,7 +110,12 @@ class DiffusionEngine:
         self.img2img_strength = float(inspect.signature(type(self.img2img).__call__).parameters["strength"].default)
         self.inpaint_strength = float(inspect.signature(type(self.inpaint).__call__).parameters["strength"].default)
         self.embedding_cache: TextEmbeddingCache | None = None
+        self.adapters: LoadedAdapters | None = None
         self._fingerprint = b""
+
+    def use_loras(self, cache_size: int) -> None:
+        """Accept LoRA adapters, keeping at most `cache_size` loaded (in the UNet and text encoders all tasks share)."""
+        self.adapters = LoadedAdapters(self.pipe, cache_size)
 
     def use_embedding_cache(self, cache: TextEmbeddingCache, folder: str | Path) -> None:
         """Look up text-encoder outputs in `cache` (Stable Diffusion 1.x/2.x only; SDXL encodes as usual)."""
@@ -169,8 +177,11 @@ class DiffusionEngine:
                 raise GenerationCancelled(f"stopped after step {steps_done} of {total}")
             return tensors
 
+        if self.adapters is not None:
+            self.adapters.apply(list(job.loras))
         text: dict[str, Any] = {"prompt": job.prompt, "negative_prompt": job.negative_prompt or None}
-        if self.embedding_cache is not None:
+        # An adapter may change the text encoder, whose cached outputs are the base model's.
+        if self.embedding_cache is not None and not job.loras:
             guided = job.guidance_scale > 1 and self.pipe.unet.config.time_cond_proj_dim is None
             text = {"prompt_embeds": self._text_embeddings(job.prompt)}
             if guided:  # the pipeline's unconditional input: the negative prompt, or ""

@@ -11,6 +11,7 @@ from google.protobuf import json_format, struct_pb2
 from PIL import Image
 
 from muestra.diffusion.input_images import InputLimits, open_image, read_mask
+from muestra.diffusion.loras import LoraFile, LoraFolder, split_prompt_loras
 from muestra.diffusion.registry import SchedulerEntry, SchedulerRegistry
 from muestra.runtime.errors import InvalidArgument, NotFound, check_limit
 from muestra.v1 import diffusion_pb2
@@ -20,6 +21,8 @@ MAX_EXTRA_BYTES = 16 * 1024
 EXTRA_KEYS = ("scheduler",)
 # A1111's largest mask blur.
 MAX_MASK_BLUR = 64
+# The largest LoRA weight either way; A1111 users go up to about 2.
+MAX_LORA_WEIGHT = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,8 @@ class Limits:
     # init_image and mask_image: encoded bytes, and decoded pixels.
     max_input_image_bytes: int = 16 * 1024 * 1024
     max_input_image_pixels: int = 4096 * 4096
+    # Most LoRA adapters per request.
+    max_loras: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +79,8 @@ class GenerationParams:
     invert_mask: bool = False
     mask_blur: int = 0
     padding_mask_crop: int | None = None
+    # LoRA adapters and their weights, from `loras` and the prompt's <lora:name:weight> tags.
+    loras: tuple[tuple[LoraFile, float], ...] = ()
 
     @property
     def seeds(self) -> list[int]:
@@ -185,11 +192,13 @@ def parse_image_request(
     registry: SchedulerRegistry,
     default_sampler: SchedulerEntry,
     base_scheduler_config: dict[str, Any],
+    lora_folder: LoraFolder | None = None,
 ) -> GenerationParams:
     """Validate every field (InvalidArgument names the field and its limit) and fill in the defaults."""
     if request.model and request.model != defaults.model:
         raise NotFound(f"model {request.model!r} is not served here; this service serves {defaults.model!r}")
     _check_text("prompt", request.prompt, limits.max_prompt_bytes)
+    prompt, loras = _loras(request, limits, lora_folder or LoraFolder(None))
     _check_text("negative_prompt", request.negative_prompt, limits.max_prompt_bytes)
     init = _open_init_image(request, limits)
     default_width, default_height = (defaults.width, defaults.height) if init is None else _multiple_of_8(init)
@@ -227,7 +236,7 @@ def parse_image_request(
         raise InvalidArgument("steps", f"sampler {sampler.name!r} cannot run {steps} steps: {exc}") from exc
     inputs = _image_inputs(request, init, width, height, steps, limits, defaults)
     return GenerationParams(
-        prompt=request.prompt,
+        prompt=prompt,
         negative_prompt=request.negative_prompt,
         width=width,
         height=height,
@@ -244,7 +253,48 @@ def parse_image_request(
         invert_mask=request.invert_mask,
         mask_blur=inputs.mask_blur,
         padding_mask_crop=inputs.padding_mask_crop,
+        loras=loras,
     )
+
+
+def _loras(
+    request: diffusion_pb2.ImageRequest, limits: Limits, folder: LoraFolder
+) -> tuple[str, tuple[tuple[LoraFile, float], ...]]:
+    """The prompt without <lora:...> tags, and every adapter asked for, resolved in the folder and checked."""
+    prompt, tags = split_prompt_loras(request.prompt)
+    asked: list[tuple[str, str, float]] = []  # (field, name, weight)
+    for i, lora in enumerate(request.loras):
+        weight = lora.weight
+        if not math.isfinite(weight):
+            raise InvalidArgument(f"loras[{i}].weight", f"must be a finite number, got {weight}")
+        check_limit(f"loras[{i}].weight", weight, -MAX_LORA_WEIGHT, MAX_LORA_WEIGHT)
+        asked.append((f"loras[{i}].name", lora.name, float(weight)))
+    for name, text in tags:
+        tag = f"<lora:{name}{':' + text if text else ''}>"
+        try:
+            weight = float(text) if text else 1.0
+        except ValueError:
+            raise InvalidArgument("prompt", f"{tag}: the weight must be a number") from None
+        if not (math.isfinite(weight) and abs(weight) <= MAX_LORA_WEIGHT):
+            raise InvalidArgument(
+                "prompt", f"{tag}: the weight must be between {-MAX_LORA_WEIGHT:g} and {MAX_LORA_WEIGHT:g}"
+            )
+        asked.append(("prompt", name, weight))
+    if not asked:
+        return prompt, ()
+    if len(asked) > limits.max_loras:
+        where = "this service has no --lora-dir" if not limits.max_loras else f"the limit is {limits.max_loras}"
+        raise InvalidArgument("loras", f"{len(asked)} LoRA adapters asked for; {where}")
+    files = folder.files()
+    resolved: dict[str, tuple[LoraFile, float]] = {}
+    for field, name, weight in asked:
+        if name not in files:
+            known = ", ".join(files) or "none"
+            raise InvalidArgument(field, f"unknown LoRA {name!r}; known: {known}")
+        if name in resolved:
+            raise InvalidArgument(field, f"LoRA {name!r} is named twice")
+        resolved[name] = (files[name], weight)
+    return prompt, tuple(resolved.values())
 
 
 def _multiple_of_8(image: Image.Image) -> tuple[int, int]:

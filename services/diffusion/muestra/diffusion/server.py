@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 import grpc
 
 from muestra.diffusion.config import DiffusionConfig
 from muestra.diffusion.embeddings import RedisTextEmbeddingCache
 from muestra.diffusion.engine import DiffusionEngine
+from muestra.diffusion.loras import LoraFolder
 from muestra.diffusion.params import Defaults, Limits, parse_image_request
 from muestra.diffusion.registry import SchedulerRegistry, load_scheduler_registry
 from muestra.diffusion.worker import Finished, GenerationWorker
@@ -46,6 +48,7 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
     def __init__(self, engine: DiffusionEngine, registry: SchedulerRegistry, config: DiffusionConfig) -> None:
         self.engine = engine
         self.registry = registry
+        self.lora_folder = LoraFolder(config.lora_dir or None)
         self.limits = Limits(
             # The model's own default size is always allowed (a small model may be trained below --min-size).
             min_size=min(config.min_size, engine.default_width, engine.default_height),
@@ -59,6 +62,7 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             max_size_factor=config.max_size_factor,
             max_input_image_bytes=config.max_input_image_bytes,
             max_input_image_pixels=config.max_input_image_pixels,
+            max_loras=config.max_loras if config.lora_dir else 0,
         )
         self.defaults = Defaults(
             model=engine.name,
@@ -88,6 +92,7 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             max_images=self.limits.max_images,
             max_input_image_bytes=self.limits.max_input_image_bytes,
             max_input_image_pixels=self.limits.max_input_image_pixels,
+            max_loras=self.limits.max_loras,
         )
 
     async def ListSchedulers(self, request, context):
@@ -104,6 +109,14 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             ]
         )
 
+    async def ListLoras(self, request, context):
+        files = await asyncio.to_thread(self.lora_folder.files)
+        return diffusion_pb2.ListLorasResponse(
+            loras=[
+                diffusion_pb2.LoraInfo(name=f.name, file=f.path.name, size_bytes=f.size_bytes) for f in files.values()
+            ]
+        )
+
     async def Generate(self, request, context):
         started = time.perf_counter()
         # Off the event loop: decoding an init or mask image takes a while, and other streams are running.
@@ -115,11 +128,13 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             self.registry,
             self.default_sampler,
             self.engine.base_scheduler_config,
+            self.lora_folder,
         )
         generation = self.worker.submit(params, started)
         log.info(
-            "generate %s %dx%d steps=%d sampler=%s images=%d seed=%d",
+            "generate %s %dx%d steps=%d sampler=%s images=%d seed=%d loras=%s",
             params.task, params.width, params.height, params.steps, params.sampler.name, params.num_images, params.seed,
+            ",".join(f"{lora.name}:{weight:g}" for lora, weight in params.loras) or "-",
         )  # fmt: skip
         try:
             async for event in generation.events():
@@ -158,6 +173,10 @@ def build_service(config: DiffusionConfig) -> ServiceSpec:
             password=config.redis_password,
         )  # fmt: skip
         engine.use_embedding_cache(cache, config.model)
+    if config.lora_dir:
+        if not Path(config.lora_dir).is_dir():
+            raise SystemExit(f"--lora-dir {config.lora_dir}: not a folder")
+        engine.use_loras(max(config.lora_cache_size, config.max_loras))
     registry = load_scheduler_registry()
     registry.keep_buildable(engine.base_scheduler_config)
     servicer = DiffusionServicer(engine, registry, config)

@@ -16,6 +16,7 @@ import torch
 
 from muestra.diffusion.engine import DiffusionEngine, GenerationCancelled, ImageJob
 from muestra.diffusion.infotext import encode_png, parameters_text
+from muestra.diffusion.loras import prompt_with_loras
 from muestra.diffusion.metrics import CANCELLED, IMAGE_SECONDS, IMAGES, QUEUE_DEPTH
 from muestra.diffusion.params import GenerationParams
 from muestra.runtime.errors import ResourceExhausted
@@ -150,6 +151,7 @@ class GenerationWorker:
             strength=params.strength,
             mask_blur=params.mask_blur,
             padding_mask_crop=params.padding_mask_crop,
+            loras=params.loras,
         )
 
         def on_step(step: int, total: int, latents: torch.Tensor) -> None:
@@ -161,7 +163,7 @@ class GenerationWorker:
 
         image = self.engine.generate(job, on_step, generation.cancel_event)
         text = parameters_text(
-            prompt=params.prompt,
+            prompt=prompt_with_loras(params.prompt, list(params.loras)),
             negative_prompt=params.negative_prompt,
             steps=params.steps,
             sampler=params.sampler.name,

@@ -32,7 +32,12 @@ ALLOWED = {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "NOT_FOUND", "OUT_OF_
 ALLOWED_STREAM_ENDS = {"ENDED_EARLY"}
 
 OUTPUTS = [lm_pb2.OutputSpec(kind=lm_pb2.ARGMAX), lm_pb2.OutputSpec(kind=lm_pb2.LOGITS),
-           lm_pb2.OutputSpec(kind=lm_pb2.TOP_N, top_n=5), lm_pb2.OutputSpec()]  # fmt: skip
+           lm_pb2.OutputSpec(kind=lm_pb2.TOP_N, top_n=5), lm_pb2.OutputSpec(),
+           # allowed-token masks: one token, none, longer than any vocabulary here, ragged
+           lm_pb2.OutputSpec(kind=lm_pb2.ARGMAX, allowed_tokens=b"\x00\x04"),
+           lm_pb2.OutputSpec(kind=lm_pb2.LOGITS, allowed_tokens=b"\x00" * 16),
+           lm_pb2.OutputSpec(kind=lm_pb2.TOP_N, top_n=3, allowed_tokens=b"\xff" * 100_000),
+           lm_pb2.OutputSpec(kind=lm_pb2.ARGMAX, allowed_tokens=b"\x81")]  # fmt: skip
 
 
 def _struct(values: dict) -> struct_pb2.Struct:
@@ -40,6 +45,20 @@ def _struct(values: dict) -> struct_pb2.Struct:
     struct.update(values)
     return struct
 
+
+CONSTRAINT_PARAMS = [
+    _struct({"schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}),
+    _struct({"schema": "{not json"}),
+    _struct({"schema": {"type": "nonsense", "minimum": math.nan}}),
+    _struct({"schema": '{"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}'}),
+    _struct({"pattern": "(("}),
+    _struct({"pattern": "[a-z]{1,5}"}),
+    _struct({"pattern": "a{1000000}"}),
+    _struct({"lark": 'start: "a" start | "b"'}),
+    _struct({"lark": "start: ( oops"}),
+    _struct({"choices": ["sí", "no", ""]}),
+    _struct({"choices": []}),
+]
 
 NON_FINITE_EXTRAS = [
     _struct({"scheduler": {"beta_start": math.nan}}),
@@ -82,6 +101,8 @@ def text_hints(known: Known) -> dict:
         "DecodeBatch.outputs": st.sampled_from(OUTPUTS),
         "PrefillRow.prefix": st.just(lm_pb2.PrefixBlocks()),
         "request_id": st.sampled_from(["fuzz", ""]),
+        "ConstraintSpec.name": st.sampled_from(["json_object", "json_schema", "regex", "grammar", "choice", "", "no"]),
+        "ConstraintSpec.params": st.sampled_from(CONSTRAINT_PARAMS),
         "batch_id": st.integers(0, 99).map(lambda i: known.batches[i % len(known.batches)] if known.batches else ""),
     }
 

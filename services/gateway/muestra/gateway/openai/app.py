@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from muestra.gateway.openai.convert import chat_request, completion_requests
 from muestra.gateway.openai.edge import Edge
 from muestra.gateway.openai.errors import OpenAIError, from_muestra, from_validation, internal
-from muestra.gateway.openai.images import respond_images
+from muestra.gateway.openai.images import respond_edits, respond_images
 from muestra.gateway.openai.listings import add_listings
 from muestra.gateway.openai.responses import Choices, envelope
 from muestra.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
@@ -169,6 +169,10 @@ def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) 
     @app.post("/v1/images/generations")
     async def images(body: ImageGenerationRequest, http: Request) -> Response:
         return await respond_images(servicer, body, http)
+
+    @app.post("/v1/images/edits")
+    async def image_edits(http: Request) -> Response:
+        return await respond_edits(servicer, http)
 
     async def model_cards() -> list[dict]:
         listing = await servicer.ListModels(gateway_pb2.ListModelsRequest(), None)

@@ -1,4 +1,9 @@
-"""POST /v1/images/generations: the images in one JSON answer, or streamed as OpenAI streams gpt-image-1's.
+"""POST /v1/images/generations and /v1/images/edits: the images in one JSON answer, or streamed as OpenAI
+streams gpt-image-1's.
+
+An edit is a multipart form: `image` (img2img), optionally `mask` (inpainting; OpenAI's convention, the
+transparent part is repainted), and the generation's fields as text, plus muestra's strength, mask_blur,
+padding_mask_crop and invert_mask.
 
 A stream is server-sent events, each `event: <type>` and `data: <json>`: `image_generation.partial_image`
 for a preview, `muestra.image_generation.progress` for a step without one, `image_generation.completed`
@@ -14,10 +19,12 @@ import time
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import Field, ValidationError
+from starlette.datastructures import UploadFile
 
 from muestra.gateway.openai.convert import image_request
-from muestra.gateway.openai.errors import OpenAIError, from_muestra, internal
-from muestra.gateway.openai.schemas import ImageGenerationRequest
+from muestra.gateway.openai.errors import OpenAIError, bad_request, from_muestra, from_validation, internal
+from muestra.gateway.openai.schemas import UINT32_MAX, ImageGenerationRequest
 from muestra.gateway.openai.streams import SSE_DONE, ClientGone, ClosingStreamingResponse, cancel_on_disconnect, sse
 from muestra.gateway.server import GatewayServicer
 from muestra.runtime.errors import MuestraError
@@ -34,6 +41,23 @@ NO_USAGE = {
     "total_tokens": 0,
     "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
 }
+
+
+class ImageEditRequest(ImageGenerationRequest):
+    """The text fields of POST /v1/images/edits (the files come apart), with muestra's image-to-image fields."""
+
+    strength: float | None = None
+    mask_blur: int | None = Field(None, ge=0, le=UINT32_MAX)
+    padding_mask_crop: int | None = Field(None, ge=0, le=UINT32_MAX)
+    invert_mask: bool = False
+    # gpt-image-1's: one answer here.
+    input_fidelity: str | None = None
+    background: str | None = None
+
+
+# The multipart form: at most an image, a mask, and a few dozen text fields.
+MAX_FORM_FILES = 3
+MAX_FORM_FIELDS = 64
 
 
 def preview_steps(total: int, wanted: int) -> set[int]:
@@ -56,8 +80,46 @@ def _event(payload: dict) -> str:
     return f"event: {payload['type']}\n" + sse(payload)
 
 
+async def respond_edits(servicer: GatewayServicer, http: Request) -> Response:
+    form = await http.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS)
+    files = {key: [v for v in form.getlist(key) if isinstance(v, UploadFile)] for key in ("image", "image[]", "mask")}
+    images = files["image"] + files["image[]"]
+    if len(images) != 1:
+        raise bad_request("image", "one image file is required" if not images else "only one image is supported")
+    if len(files["mask"]) > 1:
+        raise bad_request("mask", "only one mask is supported")
+    fields = {key: value for key, value in form.multi_items() if not isinstance(value, UploadFile)}
+    try:
+        body = ImageEditRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise from_validation(list(exc.errors())) from None
+    request, renames = image_request(body)
+    request.init_image = await images[0].read()
+    if files["mask"]:
+        request.mask_image = await files["mask"][0].read()
+        request.mask_from_alpha = True
+    if body.strength is not None:
+        request.strength = body.strength
+    if body.padding_mask_crop is not None:
+        request.padding_mask_crop = body.padding_mask_crop
+    request.mask_blur = body.mask_blur or 0
+    request.invert_mask = body.invert_mask
+    renames = {**renames, "init_image": "image", "mask_image": "mask"}
+    return await respond_image_request(servicer, request, renames, body, http)
+
+
 async def respond_images(servicer: GatewayServicer, body: ImageGenerationRequest, http: Request) -> Response:
     request, renames = image_request(body)
+    return await respond_image_request(servicer, request, renames, body, http)
+
+
+async def respond_image_request(
+    servicer: GatewayServicer,
+    request: diffusion_pb2.ImageRequest,
+    renames: dict[str, str],
+    body: ImageGenerationRequest,
+    http: Request,
+) -> Response:
     if body.stream:
         return await _stream(servicer, request, body.partial_images, renames, http)
 

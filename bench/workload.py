@@ -18,11 +18,13 @@ import dataclasses
 import io
 import json
 import random
+import re
 import time
 from collections import Counter
 
 import grpc
 import httpx2 as httpx
+import jsonschema
 from google.protobuf import json_format, struct_pb2
 
 from muestra.runtime.channels import metadata_interceptors
@@ -62,6 +64,17 @@ SAMPLER_CHAINS = [
     [{"name": "repetition_penalty", "params": {"repetition_penalty": 1.3}}, {"name": "greedy"}],
     [],  # the model's generation_config.json decides
 ]  # fmt: skip
+# Constrained requests (kind grpc_json): every finished text is checked against its constraint.
+CONSTRAINTS = [
+    {"name": "json_schema", "params": {"schema": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0},
+                       "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+        "required": ["name"], "additionalProperties": False}}},
+    {"name": "json_object"},
+    {"name": "regex", "params": {"pattern": "[0-9]{3}-[a-z]{2,8}"}},
+    {"name": "choice", "params": {"choices": ["sí", "no", "quizá"]}},
+]  # fmt: skip
 FINISH = {gateway_pb2.STOP: "stop", gateway_pb2.LENGTH: "length", gateway_pb2.CANCELLED: "cancelled"}
 
 
@@ -79,6 +92,7 @@ class Spec:
     top_logprobs: int = 0
     stop: list[str] = dataclasses.field(default_factory=list)
     ignore_eos: bool = False
+    constraint: dict | None = None
 
     @property
     def beam(self) -> bool:
@@ -102,7 +116,29 @@ class Spec:
             params = struct_pb2.Struct()
             params.update(step.get("params", {}))
             request.samplers.append(gateway_pb2.SamplerSpec(name=step["name"], params=params))
+        if self.constraint is not None:
+            params = dict(self.constraint.get("params", {}))
+            if "schema" in params:
+                params["schema"] = json.dumps(params["schema"])  # keeps the order of the properties
+            request.constraint.name = self.constraint["name"]
+            request.constraint.params.update(params)
         return request
+
+    def check_text(self, text: str) -> str | None:
+        """What is wrong with a finished text under the request's constraint (None: nothing)."""
+        name = self.constraint["name"]
+        params = self.constraint.get("params", {})
+        try:
+            if name in ("json_schema", "json_object"):
+                value = json.loads(text)
+                jsonschema.validate(value, params.get("schema", {"type": "object"}))
+            elif name == "regex" and not re.fullmatch(params["pattern"], text):
+                return f"{text!r} does not match {params['pattern']!r}"
+            elif name == "choice" and text not in params["choices"]:
+                return f"{text!r} is not one of {params['choices']}"
+        except (ValueError, jsonschema.ValidationError) as exc:
+            return f"{text!r:.200} is not valid: {str(exc)[:200]}"
+        return None
 
     def http_body(self, stream: bool) -> tuple[str, dict]:
         body: dict = {"max_tokens": self.max_tokens, "n": self.n, "seed": self.seed, "stream": stream}
@@ -256,6 +292,8 @@ class Workload:
             else:
                 original = rng.choice(self.replayable)
                 surface = rng.choice(["grpc_stream", "http_stream", "http"])
+                if original.spec.constraint is not None:
+                    surface = "grpc_stream"  # constraints are a gRPC field here
                 outcome = await self._text(surface, original.spec, rng)
                 outcome.kind = f"replay:{surface}"
                 outcome.replay_of = original
@@ -284,6 +322,11 @@ class Workload:
             prompt=None if chat else prompt, messages=messages, max_tokens=rng.randint(1, 48), n=n,
             seed=self._seed(), samplers=samplers,
         )  # fmt: skip
+        if kind == "grpc_json":
+            spec.constraint = rng.choice(CONSTRAINTS)
+            if spec.beam:
+                spec.samplers = []
+            spec.max_tokens = rng.randint(16, 96)
         if kind == "grpc_beam":
             beams = rng.randint(2, 3)
             spec.samplers = [{"name": "beam_search", "params": {"num_beams": beams}}]
@@ -295,7 +338,7 @@ class Workload:
             spec.top_logprobs = rng.randint(0, 3)
         if rng.random() < 0.3:
             spec.stop = rng.sample(STOPS, rng.randint(1, 2))
-        spec.ignore_eos = rng.random() < 0.2
+        spec.ignore_eos = spec.constraint is None and rng.random() < 0.2
         return spec
 
     async def _text(self, kind: str, spec: Spec, rng: random.Random) -> Outcome:
@@ -497,6 +540,13 @@ class Workload:
             finish = outcome.finish[i]
             if finish not in ("stop", "length"):
                 problems.append(f"choice {i} finish_reason {finish!r}")
+            # A finished constrained text is in its language, unless a stop string cut it (gRPC says which
+            # one did; HTTP does not, so there a request with stop strings is not checked).
+            cut = outcome.stop_reason.get(i, "") in spec.stop if outcome.surface == "grpc" else bool(spec.stop)
+            if spec.constraint is not None and finish == "stop" and not cut:
+                wrong = spec.check_text(outcome.texts.get(i, ""))
+                if wrong:
+                    problems.append(f"choice {i}: {wrong}")
         if outcome.surface == "grpc":
             for i in indices:
                 ids = outcome.ids.get(i, [])
@@ -545,7 +595,8 @@ def _pixels(png: bytes) -> bytes:
 
 
 DEFAULT_KINDS = {
-    "grpc_stream": 30,
+    "grpc_stream": 25,
+    "grpc_json": 10,
     "grpc_chat": 5,
     "grpc_beam": 5,
     "grpc_cancel": 5,

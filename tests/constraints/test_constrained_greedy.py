@@ -14,6 +14,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from muestra.client import Client
 from tests.constraints.schemas import SCHEMAS
+from tests.fixtures.prefix_cache import start_cache_stack
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "def add(a, b):"]
 SCHEMA = {
@@ -136,3 +137,40 @@ def test_unconstrained_rows_are_unchanged_by_constrained_neighbours(text_stack):
             stop.set()
             for worker in workers:
                 worker.join()
+
+
+@pytest.fixture(scope="module")
+def cache_stack(tiny_lm, redis_server, prefix_log_dir, prefix_tokenizer):
+    stack = start_cache_stack(
+        tiny_lm("llama").onnx_dir, "llama", prefix_log_dir, prefix_tokenizer.address, redis_server.url
+    )
+    yield stack
+    stack.stop()
+
+
+def test_constraints_work_with_the_prefix_cache_stop_strings_and_logprobs(cache_stack):
+    constraint = CONSTRAINTS[0]
+    prompt = "A long preamble that fills more than one block of the prefix cache, " * 3 + "then JSON:"
+    with Client(cache_stack.gateway.address, timeout=120) as client:
+        first = client.generate(prompt, max_tokens=48, samplers=[{"name": "greedy"}], constraint=constraint).wait()
+        again = client.generate(prompt, max_tokens=48, samplers=[{"name": "greedy"}], constraint=constraint).wait()
+        assert again.completions[0].cached_tokens > 0 and again.token_ids == first.token_ids
+        json.loads(again.texts[0])
+
+        # A stop string cuts the constrained text where it matches.
+        cut = client.generate(
+            prompt, max_tokens=48, samplers=[{"name": "greedy"}], constraint=constraint, stop=['"age"']
+        ).wait()
+        assert cut.completions[0].stop_reason == '"age"' and first.texts[0].startswith(cut.texts[0])
+        assert '"age"' in first.texts[0] and len(cut.texts[0]) < len(first.texts[0])
+
+        # Logprobs come from the masked distribution: where the grammar allows one token, it is the only
+        # alternative listed and its logprob is 0; a disallowed token is never listed.
+        generation = client.generate(
+            prompt, max_tokens=48, samplers=[{"name": "greedy"}], constraint=constraint, logprobs=True, top_logprobs=5
+        )
+        entries = [entry for delta in generation for entry in delta.logprobs]
+        assert generation.token_ids == first.token_ids and len(entries) == len(first.token_ids[0])
+        alone = [entry for entry in entries if len(entry["top"]) == 1]
+        assert len(alone) >= first.completions[0].forced_tokens > 0
+        assert all(entry["logprob"] == 0.0 and entry["top"][0]["logprob"] == 0.0 for entry in alone)

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from muestra.gateway.openai.a1111 import add_a1111
 from muestra.gateway.openai.convert import chat_request, completion_requests
 from muestra.gateway.openai.edge import Edge
 from muestra.gateway.openai.errors import OpenAIError, from_muestra, from_validation, internal
@@ -198,6 +199,7 @@ def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) 
         raise OpenAIError(404, f"model: unknown model {model!r}; known: {known}", param="model", code="model_not_found")
 
     add_listings(app, servicer)
+    add_a1111(app, servicer)
     mount_playground(app)
 
     @app.get("/health")

@@ -1,0 +1,254 @@
+"""The AUTOMATIC1111 API (/sdapi/v1/*) with a plain HTTP client: A1111's shapes, pixels equal bare diffusers."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import threading
+import time
+
+import httpx2 as httpx
+import numpy as np
+import pytest
+from diffusers import DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler
+from PIL import Image
+
+from tests.diffusion.test_img2img import encode, random_image, square_mask
+
+PROMPT = "a photo of a cat sitting on a red chair"
+
+# Field names and JSON types of A1111's responses, from its API documentation (modules/api/models.py and
+# Processed.js() in modules/processing.py). None stands for JSON null.
+NUMBER = (int, float)
+OPTIONAL_STR = (str, type(None))
+GENERATION = {"images": list, "parameters": dict, "info": str}
+INFO = {
+    "prompt": str, "all_prompts": list, "negative_prompt": str, "all_negative_prompts": list, "seed": int,
+    "all_seeds": list, "subseed": int, "all_subseeds": list, "subseed_strength": NUMBER, "width": int,
+    "height": int, "sampler_name": str, "cfg_scale": (*NUMBER, type(None)), "steps": int, "batch_size": int,
+    "restore_faces": bool, "face_restoration_model": OPTIONAL_STR, "sd_model_name": str,
+    "sd_model_hash": OPTIONAL_STR, "sd_vae_name": OPTIONAL_STR, "sd_vae_hash": OPTIONAL_STR,
+    "seed_resize_from_w": int, "seed_resize_from_h": int, "denoising_strength": (*NUMBER, type(None)),
+    "extra_generation_params": dict, "index_of_first_image": int, "infotexts": list, "styles": list,
+    "job_timestamp": str, "clip_skip": int, "is_using_inpainting_conditioning": bool, "version": str,
+}  # fmt: skip
+PROGRESS = {
+    "progress": NUMBER,
+    "eta_relative": NUMBER,
+    "state": dict,
+    "current_image": OPTIONAL_STR,
+    "textinfo": OPTIONAL_STR,
+}
+PROGRESS_STATE = {
+    "skipped": bool, "interrupted": bool, "job": str, "job_count": int, "job_timestamp": str, "job_no": int,
+    "sampling_step": int, "sampling_steps": int,
+}  # fmt: skip
+SAMPLER = {"name": str, "aliases": list, "options": dict}
+SD_MODEL = {
+    "title": str,
+    "model_name": str,
+    "hash": OPTIONAL_STR,
+    "sha256": OPTIONAL_STR,
+    "filename": str,
+    "config": OPTIONAL_STR,
+}
+LORA = {"name": str, "alias": str, "path": str, "metadata": dict}
+
+
+def assert_shape(value: dict, shape: dict) -> None:
+    assert set(shape) <= set(value), f"missing: {sorted(set(shape) - set(value))}"
+    for key, kind in shape.items():
+        assert isinstance(value[key], kind), f"{key}: {type(value[key]).__name__}, expected {kind}"
+
+
+@pytest.fixture(scope="module")
+def api(image_stack):
+    with httpx.Client(base_url=image_stack.http_url, headers=image_stack.headers(), timeout=300) as client:
+        yield client
+
+
+def b64png(image: Image.Image) -> str:
+    return base64.b64encode(encode(image)).decode()
+
+
+def decode(text: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(text))).convert("RGB"))
+
+
+def generation(response) -> tuple[list[np.ndarray], dict]:
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert_shape(body, GENERATION)
+    info = json.loads(body["info"])
+    assert_shape(info, INFO)
+    return [decode(image) for image in body["images"]], info
+
+
+@pytest.mark.parametrize(
+    ("fields", "scheduler"),
+    [
+        ({"sampler_name": "Euler a"}, EulerAncestralDiscreteScheduler.from_config),
+        (
+            {"sampler_name": "DPM++ 2M", "scheduler": "Karras"},
+            lambda config: DPMSolverMultistepScheduler.from_config(config, use_karras_sigmas=True),
+        ),
+    ],
+)
+def test_txt2img_maps_a1111_samplers_and_equals_bare_diffusers(fields, scheduler, api, reference_sd):
+    body = {"prompt": PROMPT, "negative_prompt": "blurry", "seed": 9, "steps": 4, "cfg_scale": 6.0, "batch_size": 2}
+    images, info = generation(api.post("/sdapi/v1/txt2img", json={**body, **fields, "width": 64, "height": 64}))
+    assert info["all_seeds"] == [9, 10] and len(info["infotexts"]) == 2
+    for seed, image in zip((9, 10), images, strict=True):
+        expected = reference_sd.image(
+            prompt=PROMPT, negative_prompt="blurry", seed=seed, steps=4, width=64, height=64, guidance_scale=6.0,
+            scheduler=scheduler,
+        )  # fmt: skip
+        np.testing.assert_array_equal(image, expected)
+
+
+def test_img2img_and_inpainting_equal_bare_diffusers(api, reference_edits):
+    init, mask = random_image(seed=50), square_mask()
+    body = {"prompt": PROMPT, "seed": 51, "steps": 5, "cfg_scale": 7.5, "init_images": [b64png(init)]}
+    [edited], info = generation(api.post("/sdapi/v1/img2img", json={**body, "denoising_strength": 0.6}))
+    expected = reference_edits.image(
+        reference_edits.img2img, prompt=PROMPT, image=init, strength=0.6, num_inference_steps=5, seed=51
+    )
+    np.testing.assert_array_equal(edited, np.asarray(expected))
+    assert info["denoising_strength"] == 0.6 and "Denoising strength: 0.6" in info["infotexts"][0]
+
+    inpaint = {
+        **body, "init_images": ["data:image/png;base64," + b64png(init)], "mask": b64png(mask), "mask_blur": 0,
+        "inpaint_full_res": False, "denoising_strength": 0.8,
+    }  # fmt: skip
+    [painted], _ = generation(api.post("/sdapi/v1/img2img", json=inpaint))
+    expected = reference_edits.image(
+        reference_edits.inpaint, prompt=PROMPT, image=init, mask_image=mask, strength=0.8, num_inference_steps=5,
+        seed=51, width=64, height=64,
+    )  # fmt: skip
+    np.testing.assert_array_equal(painted, np.asarray(expected))
+
+
+def test_a1111s_inpainting_defaults_blur_4_and_only_the_masked_area(api):
+    init, mask = random_image(seed=52), square_mask()
+    body = {"prompt": PROMPT, "seed": 1, "steps": 4, "init_images": [b64png(init)], "mask": b64png(mask)}
+    _, info = generation(api.post("/sdapi/v1/img2img", json=body))
+    text = info["infotexts"][0]
+    assert "Mask blur: 4" in text and "Inpaint area: Only masked, Masked area padding: 0" in text
+    assert "Denoising strength: 0.75" in text
+
+
+def test_listings_have_a1111s_shapes(api, image_stack):
+    samplers = api.get("/sdapi/v1/samplers").json()
+    for sampler in samplers:
+        assert_shape(sampler, SAMPLER)
+    by_name = {s["name"]: s for s in samplers}
+    assert {"Euler a", "Euler", "DPM++ 2M", "DPM++ 2M Karras", "DDIM"} <= set(by_name)
+    assert "euler_a" in by_name["Euler a"]["aliases"]
+    [model] = api.get("/sdapi/v1/sd-models").json()
+    assert_shape(model, SD_MODEL)
+    assert model["model_name"] == "tiny-sd"
+    [lora] = api.get("/sdapi/v1/loras").json()
+    assert_shape(lora, LORA)
+    assert (lora["name"], lora["path"]) == ("ink", "ink.safetensors")
+    idle = api.get("/sdapi/v1/progress").json()
+    assert_shape(idle, PROGRESS)
+    assert_shape(idle["state"], PROGRESS_STATE)
+    assert idle["state"]["job_count"] == 0 and idle["current_image"] is None
+
+
+def test_a_lora_in_the_prompt_is_applied_and_written_back(api):
+    body = {"prompt": PROMPT + " <lora:ink:0.7>", "seed": 3, "steps": 2, "width": 64, "height": 64}
+    [with_lora], info = generation(api.post("/sdapi/v1/txt2img", json=body))
+    [without], _ = generation(api.post("/sdapi/v1/txt2img", json={**body, "prompt": PROMPT}))
+    assert not np.array_equal(with_lora, without)
+    assert info["infotexts"][0].splitlines()[0] == PROMPT + " <lora:ink:0.7>"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "detail"),
+    [
+        ("txt2img", {"sampler_name": "Euler z"}, 404, "Sampler not found: 'Euler z'; known: Euler, Euler a,"),
+        ("txt2img", {"sampler_name": "Euler", "scheduler": "Exponential"}, 404, "Scheduler not found"),
+        ("txt2img", {"enable_hr": True}, 400, "enable_hr: muestra has no hires fix"),
+        ("txt2img", {"width": 65}, 400, "width: must be a multiple of 8"),
+        ("txt2img", {"override_settings": {"CLIP_stop_at_last_layers": 2}}, 400, "override_settings: only"),
+        ("img2img", {"init_images": ["@@@"]}, 400, "init_images[0]: not valid base64"),
+        (
+            "img2img",
+            {"init_images": [base64.b64encode(b"GIF89a").decode()]},
+            400,
+            "init_images[0] (init_image): is not",
+        ),
+        ("img2img", {"denoising_strength": 1.5}, 400, "denoising_strength (strength): must be in (0, 1]"),
+        ("img2img", {"mask": b64png(square_mask(64, 72))}, 400, "mask (mask_image): is 64x72"),
+        ("img2img", {"resize_mode": 2}, 400, "resize_mode: only 0"),
+        ("img2img", {"prompt": "<lora:nope>"}, 400, "prompt: unknown LoRA 'nope'; known: ink"),
+    ],
+)
+def test_bad_requests_answer_as_a1111_does_with_a_detail(path, body, status, detail, api):
+    base = {"prompt": "a cat", "steps": 2}
+    if path == "img2img":
+        base["init_images"] = [b64png(random_image())]
+    response = api.post(f"/sdapi/v1/{path}", json={**base, **body})
+    assert response.status_code == status, response.text
+    assert response.json()["detail"].startswith(detail), response.json()
+
+
+def test_a_body_that_does_not_validate_is_422_with_fastapis_list(api):
+    response = api.post("/sdapi/v1/img2img", json={"prompt": "a cat", "steps": "many"})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert {tuple(error["loc"]) for error in detail} == {("body", "steps"), ("body", "init_images")}
+    assert all({"loc", "msg", "type"} <= set(error) for error in detail)
+
+
+def test_progress_counts_up_during_a_job_and_interrupt_stops_it_within_a_step(api, image_stack):
+    result = {}
+
+    def run() -> None:
+        body = {"prompt": "a long run", "seed": 1, "steps": 150, "width": 256, "height": 256}
+        result["response"] = api.post("/sdapi/v1/txt2img", json=body)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    seen = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (len(seen) < 2 or seen[-1]["state"]["sampling_step"] < 3):
+        progress = api.get("/sdapi/v1/progress").json()
+        if progress["state"]["sampling_step"] and (not seen or progress != seen[-1]):
+            seen.append(progress)
+        time.sleep(0.05)
+    steps = [p["state"]["sampling_step"] for p in seen]
+    assert steps == sorted(steps) and steps[-1] > steps[0], steps
+    last = seen[-1]
+    assert_shape(last, PROGRESS)
+    assert last["state"]["sampling_steps"] == 150 and last["state"]["job_count"] == 1
+    assert 0 < last["progress"] < 1 and last["eta_relative"] > 0
+    assert Image.open(io.BytesIO(base64.b64decode(last["current_image"]))).size == (32, 32)
+
+    assert api.post("/sdapi/v1/interrupt").json() == {}
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    images, info = generation(result["response"])
+    assert images == [] and info["interrupted"] is True
+    found = []
+    for _ in range(100):
+        log = image_stack.diffusion.process.log_tail(400)
+        found = re.findall(r"cancelled by the client at step (\d+); the loop stopped after step (\d+) of 150", log)
+        if found:
+            break
+        time.sleep(0.1)
+    cancelled_at, stopped_after = map(int, found[-1])
+    assert stopped_after - cancelled_at <= 1
+    assert api.get("/sdapi/v1/progress").json()["state"]["job_count"] == 0
+
+
+def test_the_routes_count_under_their_own_metric_labels(api):
+    api.get("/sdapi/v1/samplers")
+    api.get("/sdapi/v1/progress")
+    api.post("/sdapi/v1/txt2img", json={"prompt": "a cat", "steps": 1})
+    api.post("/sdapi/v1/img2img", json={"prompt": "a cat"})  # 422: no init_images
+    paths = set(re.findall(r'muestra_http_requests_total\{path="([^"]*)"', api.get("/metrics").text))
+    assert {"/sdapi/v1/samplers", "/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/sdapi/v1/progress"} <= paths

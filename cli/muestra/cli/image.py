@@ -1,4 +1,7 @@
-"""`muestra image PROMPT -o out.png`: generate an image through the gateway, with a progress bar."""
+"""`muestra image PROMPT -o out.png`: generate an image through the gateway, with a progress bar.
+
+--init-image makes it img2img, --mask as well inpainting; --lora NAME:WEIGHT applies an adapter.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from muestra.client import Client
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser("image", help="generate an image from a prompt")
+    parser = sub.add_parser("image", help="generate an image from a prompt (or edit one: --init-image, --mask)")
     parser.add_argument("prompt")
     parser.add_argument(
         "-o", "--output", default="muestra.png", help="PNG path; with --num-images N, -0, -1… are added"
@@ -25,6 +28,18 @@ def add_parser(sub) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--sampler", default="", help="scheduler name, e.g. euler_a, dpmpp_2m_karras")
     parser.add_argument("--num-images", type=int, default=1)
+    parser.add_argument("--init-image", type=Path, default=None, help="start from this PNG/JPEG/WebP (img2img)")
+    parser.add_argument("--strength", type=float, default=None, help="how much of --init-image to repaint, in (0, 1]")
+    parser.add_argument("--mask", type=Path, default=None, help="inpaint: white is repainted, black kept")
+    parser.add_argument("--mask-blur", type=int, default=0, help="blur the mask by this many pixels")
+    parser.add_argument("--invert-mask", action="store_true", help="repaint the black part instead")
+    parser.add_argument(
+        "--only-masked", type=int, default=None, metavar="PADDING",
+        help="inpaint only the mask's area plus PADDING pixels, at full size",
+    )  # fmt: skip
+    parser.add_argument(
+        "--lora", action="append", default=[], metavar="NAME[:WEIGHT]", help="apply a LoRA adapter (repeatable)"
+    )
     parser.add_argument("--model", default="")
     parser.add_argument("--gateway", default=None, help="gateway address [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
     parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
@@ -52,9 +67,31 @@ def _check_output(output: Path) -> None:
         raise CliError(f"-o {output}: the folder {folder} is not writable")
 
 
+def _read(flag: str, path: Path | None) -> bytes:
+    if path is None:
+        return b""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def _loras(specs: list[str]) -> dict[str, float]:
+    loras = {}
+    for spec in specs:
+        name, _, weight = spec.partition(":")
+        try:
+            loras[name] = float(weight) if weight else 1.0
+        except ValueError:
+            raise CliError(f"--lora {spec}: the weight after ':' must be a number") from None
+    return loras
+
+
 def run(args) -> int:
     output = Path(args.output)
     _check_output(output)
+    init_image, mask = _read("--init-image", args.init_image), _read("--mask", args.mask)
+    loras = _loras(args.lora)
     args.gateway = gateway_address(args.gateway)
     with Client(args.gateway, api_key=api_key(args.api_key)) as client:
         try:
@@ -70,6 +107,13 @@ def run(args) -> int:
                 seed=args.seed,
                 sampler=args.sampler,
                 num_images=args.num_images,
+                init_image=init_image,
+                strength=args.strength,
+                mask_image=mask,
+                mask_blur=args.mask_blur,
+                invert_mask=args.invert_mask,
+                padding_mask_crop=args.only_masked,
+                loras=loras,
             )
         finally:
             sys.stderr.write("\n")

@@ -43,7 +43,15 @@ def build_image_request(
     num_images: int = 1,
     preview_every: int = 0,
     extra: dict[str, Any] | None = None,
+    init_image: bytes = b"",
+    strength: float | None = None,
+    mask_image: bytes = b"",
+    mask_blur: int = 0,
+    invert_mask: bool = False,
+    padding_mask_crop: int | None = None,
+    loras: dict[str, float] | None = None,
 ) -> diffusion_pb2.ImageRequest:
+    """An ImageRequest; init_image makes it img2img, mask_image as well inpainting (white is repainted)."""
     request = diffusion_pb2.ImageRequest(
         model=model,
         prompt=prompt,
@@ -54,7 +62,16 @@ def build_image_request(
         sampler=sampler,
         num_images=num_images,
         preview_every=preview_every,
+        init_image=init_image,
+        mask_image=mask_image,
+        mask_blur=mask_blur,
+        invert_mask=invert_mask,
+        loras=[diffusion_pb2.LoraWeight(name=name, weight=weight) for name, weight in (loras or {}).items()],
     )
+    if strength is not None:
+        request.strength = strength
+    if padding_mask_crop is not None:
+        request.padding_mask_crop = padding_mask_crop
     if guidance_scale is not None:
         request.guidance_scale = guidance_scale
     if seed is not None:

@@ -80,8 +80,11 @@ def test_constraints_refuse_what_they_cannot_combine_with(stack, request_args, m
 
 def test_a_constraint_slower_to_compile_than_the_limit_is_refused(text_stack):
     stack = text_stack("llama", "--constraint-compile-timeout-s", "0.000001")
+    # About 25 ms to compile here: far past the limit, however late the gateway's loop looks at the clock.
+    properties = {f"field_{i}": {"type": "string", "pattern": f"^[a-z]{{1,{i % 7 + 9}}}-{i}$"} for i in range(400)}
+    schema = {"type": "object", "properties": properties}
     with Client(stack.gateway.address, timeout=60) as client, pytest.raises(InvalidArgumentError) as info:
-        client.generate("x", max_tokens=8, constraint={"name": "json_schema", "params": {"schema": SCHEMA}}).wait()
+        client.generate("x", max_tokens=8, constraint={"name": "json_schema", "params": {"schema": schema}}).wait()
     assert "constraint.params.schema: did not compile within 1e-06 s" in str(info.value)
 
 

@@ -166,10 +166,12 @@ class DecodeBatch(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., next_ids: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[_Union[OutputSpec, _Mapping]]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches",)
+    __slots__ = ("batches", "tokens_per_row")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_ROW_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[DecodeBatch]
-    def __init__(self, batches: _Optional[_Iterable[_Union[DecodeBatch, _Mapping]]] = ...) -> None: ...
+    tokens_per_row: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[DecodeBatch, _Mapping]]] = ..., tokens_per_row: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("batch_id", "output", "timing")

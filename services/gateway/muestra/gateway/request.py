@@ -84,6 +84,10 @@ class Sequence:
         self.sampling = sampling
         self.generated: list[int] = []
         self.pending_token: int | None = None  # sampled but not yet fed to the lm
+        # Tokens taken after pending_token and not yet fed (a constraint's forced tokens, taken at once).
+        self.queued: list[int] = []
+        # The last step fed only part of this row's tokens: its output is not for choosing a token.
+        self.in_flight = False
         self.detok = DetokenizeState.after_prompt(request.prompt_ids)
         self.stops = StopStringMatcher(request.stop, request.include_stop_str_in_output)
         self.unsent_ids: list[int] = []

@@ -48,6 +48,10 @@ _REQUEST_STATUSES = (
 )
 # A request that has streamed nothing moves to another replica at most this many times.
 MAX_REROUTES = 1
+# Forced tokens a row may take ahead of the lm, and most tokens one row feeds in one step (the lm's
+# default --max-tokens-per-row is 32).
+MAX_QUEUED = 16
+MAX_TOKENS_PER_STEP = 16
 
 
 def grpc_error_to_muestra(exc: grpc.aio.AioRpcError) -> MuestraError:
@@ -80,12 +84,32 @@ def _allowed_tokens(row: Row) -> bytes:
     return constraint.mask_bytes() if constraint is not None and not constraint.error else b""
 
 
-def _decode_batch(batch_id: str, rows: list[Row], masked: bool) -> lm_pb2.DecodeBatch:
-    batch = lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=[r.pending_token for r in rows])
+def _tokens_per_row(rows: list[Row]) -> int:
+    """How many tokens every row can feed in one step: more than one only for a lone row with tokens queued
+    (onnxruntime's fused attention takes several new tokens after a past only for a batch of one)."""
+    if len(rows) != 1 or not isinstance(rows[0], Sequence):
+        return 1
+    return min(1 + len(rows[0].queued), MAX_TOKENS_PER_STEP)
+
+
+def _decode_batch(batch_id: str, rows: list[Row], masked: bool, tokens: int) -> lm_pb2.DecodeBatch:
+    """The step for these rows: each feeds `tokens` tokens (its pending one, then queued ones)."""
+    batch = lm_pb2.DecodeBatch(batch_id=batch_id)
+    for row in rows:
+        if not isinstance(row, Sequence):
+            batch.next_ids.append(row.pending_token)
+            continue
+        feed = [row.pending_token, *row.queued]
+        batch.next_ids.extend(feed[:tokens])
+        rest = feed[tokens:]
+        row.pending_token, row.queued, row.in_flight = (rest[0] if rest else None), rest[1:], bool(rest)
     if masked:
         for row in rows:
             kind = row.sampling.output_kind if isinstance(row, Sequence) else lm_pb2.LOGITS
-            batch.outputs.add(kind=kind, allowed_tokens=_allowed_tokens(row))
+            if isinstance(row, Sequence) and row.in_flight:  # its next token is already known
+                batch.outputs.add(kind=lm_pb2.ARGMAX)
+            else:
+                batch.outputs.add(kind=kind, allowed_tokens=_allowed_tokens(row))
     return batch
 
 
@@ -406,14 +430,16 @@ class ReplicaScheduler:
             isinstance(r, Sequence) and r.sampling.constraint is not None
             for r in (*self.rows, *(r for _, rows in self.joining for r in rows))
         )
+        tokens = _tokens_per_row([*self.rows, *(r for _, rows in self.joining for r in rows)])
         if self.batch_id:
-            batches.append(_decode_batch(self.batch_id, self.rows, masked))
+            batches.append(_decode_batch(self.batch_id, self.rows, masked, tokens))
         for batch_id, rows in self.joining:
-            batches.append(_decode_batch(batch_id, rows, masked))
+            batches.append(_decode_batch(batch_id, rows, masked, tokens))
             self.rows.extend(rows)
         # Joined or lost with this call either way: Decode consumes the batches it is given.
         self.joining = []
-        reply = (await self._lm_step("Decode", decode=lm_pb2.DecodeRequest(batches=batches))).decode
+        request = lm_pb2.DecodeRequest(batches=batches, tokens_per_row=tokens if tokens > 1 else 0)
+        reply = (await self._lm_step("Decode", decode=request)).decode
         self.batch_id = reply.batch_id
         self.steps += 1
         return reply
@@ -427,7 +453,7 @@ class ReplicaScheduler:
 
     async def _accept(self, rows: list[Row], logits, index: list[int], argmax: list[int]) -> None:
         """Pick every row's next token (samplers, or the beam search) and apply the finish rules."""
-        positions = [i for i, row in enumerate(rows) if isinstance(row, Sequence)]
+        positions = [i for i, row in enumerate(rows) if isinstance(row, Sequence) and not row.in_flight]
         if positions:
             result = sample_next_tokens(
                 [rows[i].sampling for i in positions],
@@ -439,20 +465,34 @@ class ReplicaScheduler:
             for k, i in enumerate(positions):
                 self._take(rows[i], result, k, now)
             _next_masks([rows[i] for i in positions])
+            self._fast_forward([rows[i] for i in positions], now)
         for group, where in _groups(rows).items():
             group.pending = group.search.step(logits[[index[p] for p in where]])
             if group.search.done:
                 await self._finish_beams(group)
 
     def _take(self, row: Sequence, result, k: int, now: float) -> None:
-        request = row.request
         if row.finished:  # a stop string matched while this step ran; the row leaves next step
             return
         if result.errors[k] is not None:
             row.finish(gateway_pb2.ERROR)
             row.error = result.errors[k]
             return
-        token = int(result.token_ids[k])
+        self._take_token(row, int(result.token_ids[k]), now, result, k)
+
+    def _fast_forward(self, rows: list[Sequence], now: float) -> None:
+        """Take every token a row's grammar forces (the only one it allows) right away, without sampling; they
+        are fed to the lm later, several in one step when the batch allows (_tokens_per_row)."""
+        for row in rows:
+            while not row.finished and row.sampling.forced_token is not None and len(row.queued) < MAX_QUEUED:
+                token = row.sampling.forced_token
+                row.sampling.context.append(token)
+                self._take_token(row, token, now)
+                _next_masks([row])
+
+    def _take_token(self, row: Sequence, token: int, now: float, result=None, k: int = 0) -> None:
+        """Append a chosen token to a row: stream it, advance its constraint, and apply the finish rules."""
+        request = row.request
         row.generated.append(token)
         if row.first_token_at is None:
             row.first_token_at = now
@@ -461,7 +501,7 @@ class ReplicaScheduler:
             metrics.INTER_TOKEN_LATENCY.labels(self.model.name).observe(now - row.last_token_at)
         row.last_token_at = now
         row.unsent_ids.append(token)
-        if request.logprobs:
+        if request.logprobs and result is not None:
             top_ids = result.top_ids[k] if result.top_ids[k] is not None else ()
             top_logprobs = result.top_logprobs[k] if result.top_ids[k] is not None else ()
             top = [
@@ -483,7 +523,10 @@ class ReplicaScheduler:
         else:
             if token < self.model.tokenizer_vocab_size:
                 row.detok.append(token)
-            row.pending_token = token
+            if row.pending_token is None:
+                row.pending_token = token
+            else:
+                row.queued.append(token)
             if constraint is not None and constraint.complete:
                 row.finish(gateway_pb2.STOP, "constraint")
         if not row.finished and (

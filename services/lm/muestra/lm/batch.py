@@ -112,12 +112,29 @@ class Batch:
         return cls(request_ids=[""] * rows, lengths=lengths, kv=kv, outputs=[(0, 0)] * rows), logits, us
 
     def step(self, decoder: OnnxDecoder, next_ids: np.ndarray) -> tuple[np.ndarray, int]:
-        """Append one token per row and run it; the batch now holds their KV. Returns logits, µs."""
-        lengths = self.lengths + 1
-        ids = np.asarray(next_ids, dtype=np.int64)[:, None]
+        """Append next_ids ([rows], or [rows, tokens] for several per row) and run them; the batch now holds
+        their KV. Returns the logits after each row's last token, and µs."""
+        ids = np.asarray(next_ids, dtype=np.int64)
+        ids = ids[:, None] if ids.ndim == 1 else ids
+        if ids.shape[1] > 1 and self.rows > 1 and not decoder.storage_cls.left_padded:
+            return self._step_rows_alone(decoder, ids)
+        lengths = self.lengths + ids.shape[1]
         logits, self.kv, us = _forward(decoder, self.kv, ids, lengths)
         self.lengths = lengths
         return logits, us
+
+    def _step_rows_alone(self, decoder: OnnxDecoder, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """Several tokens per row on a shared buffer: onnxruntime's GroupQueryAttention takes more than one new
+        token after a past only for a batch of one, so each row runs alone (its KV copied out and back)."""
+        parts = [self.filter(decoder, [row]) for row in range(self.rows)]
+        logits, forward_us = [], 0
+        for row, part in enumerate(parts):
+            row_logits, us = part.step(decoder, ids[row : row + 1])
+            logits.append(row_logits)
+            forward_us += us
+        joined = Batch.concatenate(decoder, parts)
+        self.kv, self.lengths = joined.kv, joined.lengths
+        return np.concatenate(logits), forward_us
 
     def filter(self, decoder: OnnxDecoder, rows: Sequence[int]) -> Batch:
         """The rows at these indices, in this order (repeats copy a row); unneeded padding is dropped."""

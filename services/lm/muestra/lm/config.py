@@ -31,6 +31,9 @@ class LmConfig(ServiceConfig):
         default=0, metadata={"help": "longest prompt plus generation (0: from config.json; may only lower it)"}
     )
     max_top_n: int = dataclasses.field(default=64, metadata={"help": "largest top_n a TOP_N output may ask for"})
+    max_tokens_per_row: int = dataclasses.field(
+        default=32, metadata={"help": "most tokens one row may append in one Decode (DecodeRequest.tokens_per_row)"}
+    )
     batch_idle_s: float = dataclasses.field(
         default=300.0,
         metadata={

@@ -66,12 +66,20 @@ class Load:
 
 
 class Engine:
-    def __init__(self, decoder: OnnxDecoder, max_batch_rows: int, kv_budget_bytes: int, max_top_n: int) -> None:
+    def __init__(
+        self,
+        decoder: OnnxDecoder,
+        max_batch_rows: int,
+        kv_budget_bytes: int,
+        max_top_n: int,
+        max_tokens_per_row: int = 32,
+    ) -> None:
         self.decoder = decoder
         self.info = decoder.info
         self.max_batch_rows = max_batch_rows
         self.kv_budget_bytes = kv_budget_bytes
         self.max_top_n = max_top_n
+        self.max_tokens_per_row = max_tokens_per_row
         self.batches: dict[str, Batch] = {}
         self._sizes: dict[str, tuple[int, int]] = {}
         # batch id -> (lease, time.monotonic() of its last use)
@@ -180,9 +188,11 @@ class Engine:
         allowed = [r.allowed for r in rows]
         return StepResult(self._store(batch, lease), logits, batch.outputs, forward_us, allowed)
 
-    def decode(self, items: Sequence[DecodeInput], lease: str = "") -> StepResult:
+    def decode(self, items: Sequence[DecodeInput], lease: str = "", tokens_per_row: int = 1) -> StepResult:
+        """Append tokens_per_row tokens to every row (each item's next_ids holds them row after row) and step."""
         if not items:
             raise InvalidArgument("batches", "give at least one batch")
+        check_limit("tokens_per_row", tokens_per_row, 1, self.max_tokens_per_row)
         seen = set()
         batches = []
         for i, item in enumerate(items):
@@ -190,21 +200,22 @@ class Engine:
                 raise InvalidArgument(f"batches[{i}].batch_id", f"batch {item.batch_id!r} is listed twice")
             seen.add(item.batch_id)
             batch = self._batch(f"batches[{i}].batch_id", item.batch_id, lease)
-            if item.next_ids.size != batch.rows:
+            if item.next_ids.size != batch.rows * tokens_per_row:
+                per_row = f" x {tokens_per_row} tokens_per_row" if tokens_per_row > 1 else ""
                 raise InvalidArgument(
-                    f"batches[{i}].next_ids", f"got {item.next_ids.size} ids for a batch of {batch.rows} rows"
+                    f"batches[{i}].next_ids", f"got {item.next_ids.size} ids for a batch of {batch.rows} rows{per_row}"
                 )
             if item.outputs is not None and len(item.outputs) != batch.rows:
                 raise InvalidArgument(
                     f"batches[{i}].outputs", f"got {len(item.outputs)} specs for a batch of {batch.rows} rows"
                 )
             self.check_ids(f"batches[{i}].next_ids", item.next_ids)
-            full = np.flatnonzero(batch.lengths + 1 > self.info.context_length)
+            full = np.flatnonzero(batch.lengths + tokens_per_row > self.info.context_length)
             if full.size:
                 raise InvalidArgument(
                     f"batches[{i}].next_ids",
-                    f"row {int(full[0])} already holds {int(batch.lengths[full[0]])} tokens, "
-                    f"the context length {self.info.context_length}",
+                    f"row {int(full[0])} holds {int(batch.lengths[full[0]])} tokens; {tokens_per_row} more would "
+                    f"pass the context length {self.info.context_length}",
                 )
             batches.append(batch)
         rows = sum(b.rows for b in batches)
@@ -212,13 +223,13 @@ class Engine:
             raise InvalidArgument(
                 "batches", f"the batches hold {rows} rows together; max_batch_rows is {self.max_batch_rows}"
             )
-        lengths = np.concatenate([b.lengths for b in batches]) + 1
+        lengths = np.concatenate([b.lengths for b in batches]) + tokens_per_row
         freed = sum(self._sizes[item.batch_id][0] for item in items)
         self._reserve("Decode", freed, self._bytes_for(lengths.tolist()))
 
         # A joined copy replaces the originals only once its step has succeeded.
         batch = batches[0] if len(batches) == 1 else Batch.concatenate(self.decoder, batches)
-        next_ids = np.concatenate([item.next_ids for item in items])
+        next_ids = np.concatenate([item.next_ids for item in items]).reshape(rows, tokens_per_row)
         specs = [s for item, b in zip(items, batches, strict=True) for s in (item.outputs or b.outputs)]
         allowed = None
         if any(item.allowed for item in items):

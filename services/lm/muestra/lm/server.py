@@ -184,7 +184,10 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 for j, spec in enumerate(batch.outputs)
             ]
             items.append(DecodeInput(batch.batch_id, _ids(batch.next_ids), specs or None, allowed or None))
-        result, output = await self._decode_step(self._step_output, self.engine.decode, items, lease_of(context))
+        tokens = request.tokens_per_row or 1
+        result, output = await self._decode_step(
+            self._step_output, self.engine.decode, items, lease_of(context), tokens
+        )
         metrics.DECODE_STEP_SECONDS.observe(result.forward_us / 1e6)
         metrics.BATCH_ROWS.observe(len(output.rows))
         return lm_pb2.DecodeResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
@@ -271,7 +274,7 @@ def load_engine(config: LmConfig) -> Engine:
         info.name, info.num_layers, info.num_kv_heads, info.head_dim, info.kv_dtype.name,
         info.storage, info.vocab_size, info.context_length, info.fingerprint[:16],
     )  # fmt: skip
-    return Engine(decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n)
+    return Engine(decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n, config.max_tokens_per_row)
 
 
 def service_spec(engine: Engine, prefix_cache: PrefixCache | None = None, batch_idle_s: float = 0.0) -> ServiceSpec:

@@ -28,21 +28,24 @@ sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != R
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import urllib.request  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from bench import decode_models  # noqa: E402
 from bench.llama_cpp import llama_tokenizer  # noqa: E402
 from muestra.client import Client  # noqa: E402
-from tests.harness import ServiceProcess  # noqa: E402
+from tests.harness import ServiceProcess, free_port  # noqa: E402
 
 DEFAULT_TEXT_MODEL = ROOT / "models" / "muestra-text"
 PROMPT = "Describe the customer as JSON:"
 STREAMS = (1, 8)
+# Every string and number is bounded: a random model greedily writes a float's digits, or a string, forever.
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -52,7 +55,7 @@ SCHEMA = {
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "active": {"type": "boolean"},
         "plan": {"enum": ["free", "pro", "enterprise"]},
-        "score": {"type": "number", "minimum": 0, "maximum": 100},
+        "score": {"type": "integer", "minimum": 0, "maximum": 100},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
         "address": {
             "type": "object",
@@ -100,7 +103,9 @@ class Stack:
     def __init__(self, folder: Path, threads: int, log_dir: Path) -> None:
         quiet = ["--log-level", "WARNING"]
         self.tokenizer = ServiceProcess("tokenizer", ["--models", str(folder), *quiet], log_dir)
+        self.lm_metrics_port = free_port()
         lm_args = ["--model", str(folder), "--providers", "cpu", "--intra-op-threads", str(threads)]
+        lm_args += ["--metrics-port", str(self.lm_metrics_port)]
         self.lm = ServiceProcess("lm", [*lm_args, "--max-batch-rows", "32", *quiet], log_dir)
         common = ["--tokenizer-addr", self.tokenizer.address, "--lm-addr", self.lm.address, "--http-port", "-1"]
         common += ["--prefix-cache-block-size", "0", *quiet]
@@ -108,6 +113,12 @@ class Stack:
             mode: ServiceProcess("gateway", [*common, "--constraint-mask", mode], log_dir) for mode in ("lm", "gateway")
         }
         self.clients = {mode: Client(g.address, timeout=600) for mode, g in self.gateways.items()}
+
+    def lm_steps(self) -> int:
+        """Decode steps the lm has run (its muestra_lm_decode_step_seconds histogram's count)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.lm_metrics_port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        return int(float(re.search(r"^muestra_lm_decode_step_seconds_count (\S+)$", text, re.M).group(1)))
 
     def stream(self, mode: str, index: int, **request) -> dict:
         """One stream; the arrival time of every token as the client sees it, and its completion."""
@@ -206,6 +217,10 @@ def bench_model(name: str, args, work: Path) -> dict:
             sampled = stack.stream("lm", i, max_tokens=args.max_tokens, samplers=SAMPLED, constraint=CONSTRAINT)
             sampled_lengths.append(len(sampled["ids"]))
         replay, tokens = probe["ids"], greedy_lengths[0]
+        # Decode steps of one constrained greedy stream alone (fast-forward feeds forced tokens several at once).
+        before = stack.lm_steps()
+        alone = stack.stream("lm", 0, max_tokens=args.max_tokens, samplers=GREEDY, constraint=CONSTRAINT)
+        steps_alone = stack.lm_steps() - before
         contenders = {
             "free": ("lm", {"max_tokens": greedy_lengths.__getitem__, "ignore_eos": True, "samplers": GREEDY}),
             "json": ("lm", {"max_tokens": args.max_tokens, "samplers": GREEDY, "constraint": CONSTRAINT}),
@@ -243,6 +258,9 @@ def bench_model(name: str, args, work: Path) -> dict:
         "mean_json_tokens": float(np.mean(lengths)),
         "tokens_per_s": {f"{key}@{s}": value for (key, s), value in best.items() if value},
         "forced_share": forced / produced,
+        # One stream alone: its tokens and the lm decode steps they took (the first token comes from the prefill).
+        "alone_tokens": len(alone["ids"]),
+        "alone_decode_steps": steps_alone,
         **costs,
     }
 
@@ -273,14 +291,14 @@ def markdown(results: list[dict]) -> str:
     lines += [
         "",
         "| model | vocab | compile ms | mask ms p50 | mask ms p95 | advance ms p50 | JSON tokens (greedy) |"
-        " fast-forwarded |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        " forced (all runs) | lm steps for one stream alone |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
             f"| {r['model']} | {r['vocab_size']} | {r['compile_ms']:.2f} | {r['mask_ms_p50']:.3f} | "
             f"{r['mask_ms_p95']:.3f} | {r['advance_ms_p50']:.3f} | {r['greedy_json_tokens']} | "
-            f"{100 * r['forced_share']:.0f}% |"
+            f"{100 * r['forced_share']:.0f}% | {r['alone_decode_steps']} for {r['alone_tokens']} tokens |"
         )
     return "\n".join(lines)
 

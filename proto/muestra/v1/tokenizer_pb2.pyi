@@ -96,16 +96,18 @@ class DecodeTokensResponse(_message.Message):
     def __init__(self, texts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ApplyChatTemplateRequest(_message.Message):
-    __slots__ = ("model", "messages", "add_generation_prompt", "tokenize")
+    __slots__ = ("model", "messages", "add_generation_prompt", "tokenize", "tools_json")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKENIZE_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     add_generation_prompt: bool
     tokenize: bool
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., tokenize: _Optional[bool] = ...) -> None: ...
+    tools_json: str
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., tokenize: _Optional[bool] = ..., tools_json: _Optional[str] = ...) -> None: ...
 
 class ApplyChatTemplateResponse(_message.Message):
     __slots__ = ("text", "ids")

@@ -4,8 +4,9 @@ The jinja environment copies transformers' (utils/chat_template_utils.py): a san
 mutate its inputs, trim_blocks and lstrip_blocks, loop controls, a `{% generation %}` tag, a
 `tojson` that does not escape HTML, and the globals `raise_exception`, `strftime_now`, a
 restricted `dict` and a `namespace` that refuses underscore names. The template sees `messages`,
-`tools` and `documents` (both None), `add_generation_prompt` and the special-token strings
-(`bos_token`, `eos_token`, …), exactly as transformers passes them.
+`tools` (a list of tool definitions, or None), `documents` (None), `add_generation_prompt` and the
+special-token strings (`bos_token`, `eos_token`, …), exactly as transformers passes them. Messages may carry
+`tool_calls` (an assistant's) and `tool_call_id` (a tool's answer), which the template reads as it likes.
 """
 
 from __future__ import annotations
@@ -104,14 +105,18 @@ class ChatTemplate:
         self.template = _environment().from_string(source)
 
     def render(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool, special_tokens: dict[str, str]
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool,
+        special_tokens: dict[str, str],
+        tools: list | None = None,
     ) -> str:
         """The prompt text; a template that rejects the messages raises InvalidArgument naming `messages`."""
         try:
             return self.template.render(
                 **special_tokens,
                 messages=messages,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,17 @@ class Limits:
 def _check_count(field: str, count: int, limit: int) -> None:
     if count > limit:
         raise InvalidArgument(field, f"at most {limit} per request, got {count}")
+
+
+def _json_list(field: str, text: str) -> list:
+    """A JSON array field (tools_json, tool_calls_json), parsed for the chat template."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(field, f"is not valid JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise InvalidArgument(field, f"must be a JSON array, got {type(value).__name__}")
+    return value
 
 
 def _check_text(field: str, text: str, max_bytes: int) -> None:
@@ -159,21 +171,29 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         if not request.messages:
             raise InvalidArgument("messages", "must hold at least one message")
         _check_count("messages", len(request.messages), self.limits.max_messages)
-        messages, total_bytes = [], 0
+        messages, total_bytes = [], len(request.tools_json.encode())
         for i, m in enumerate(request.messages):
             if not m.role.strip():
                 raise InvalidArgument(f"messages[{i}].role", "must not be empty")
-            total_bytes += len(m.role.encode()) + len(m.content.encode()) + len(m.name.encode())
+            total_bytes += sum(
+                len(text.encode()) for text in (m.role, m.content, m.name, m.tool_calls_json, m.tool_call_id)
+            )
             message = {"role": m.role, "content": m.content}
             if m.name:
                 message["name"] = m.name
+            if m.tool_call_id:
+                message["tool_call_id"] = m.tool_call_id
             messages.append(message)
         if total_bytes > self.limits.max_text_bytes:
             limit = self.limits.max_text_bytes
             raise InvalidArgument("messages", f"are {total_bytes} UTF-8 bytes in all, over the limit of {limit}")
+        for i, m in enumerate(request.messages):
+            if m.tool_calls_json:
+                messages[i]["tool_calls"] = _json_list(f"messages[{i}].tool_calls_json", m.tool_calls_json)
+        tools = _json_list("tools_json", request.tools_json) if request.tools_json else None
 
         def work() -> tokenizer_pb2.ApplyChatTemplateResponse:
-            text = t.chat_template.render(messages, request.add_generation_prompt, t.special_tokens)
+            text = t.chat_template.render(messages, request.add_generation_prompt, t.special_tokens, tools)
             reply = tokenizer_pb2.ApplyChatTemplateResponse(text=text)
             if request.tokenize:
                 reply.ids.extend(t.backend.encode_batch([text], False, False)[0].ids)

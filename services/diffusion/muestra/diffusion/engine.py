@@ -28,7 +28,10 @@ log = logging.getLogger("muestra.diffusion.engine")
 PREVIEWS = {
     "StableDiffusionPipeline": LatentPreview(),
     "StableDiffusionXLPipeline": LatentPreview(SDXL_FACTORS, SDXL_BIAS),
+    "StableDiffusionInpaintPipeline": LatentPreview(),
+    "StableDiffusionXLInpaintPipeline": LatentPreview(SDXL_FACTORS, SDXL_BIAS),
 }
+TASKS = ("txt2img", "img2img", "inpaint")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -88,11 +91,17 @@ class DiffusionEngine:
 
     def __init__(self, pipe: Any, name: str) -> None:
         self.pipe = pipe
-        # from_pipe shares every module (UNet, VAE, text encoders) with `pipe`: no second copy of the weights.
-        self.img2img = diffusers.AutoPipelineForImage2Image.from_pipe(pipe)
-        self.inpaint = diffusers.AutoPipelineForInpainting.from_pipe(pipe)
-        for task_pipe in (self.img2img, self.inpaint):
-            task_pipe.set_progress_bar_config(disable=True)
+        if "Inpaint" in type(pipe).__name__:
+            # A dedicated inpainting UNet (9 input channels) cannot denoise without a mask: it only inpaints.
+            self.tasks: tuple[str, ...] = ("inpaint",)
+            self.img2img, self.inpaint = None, pipe
+        else:
+            self.tasks = TASKS
+            # from_pipe shares every module (UNet, VAE, text encoders) with `pipe`: no second copy of the weights.
+            self.img2img = diffusers.AutoPipelineForImage2Image.from_pipe(pipe)
+            self.inpaint = diffusers.AutoPipelineForInpainting.from_pipe(pipe)
+            for task_pipe in (self.img2img, self.inpaint):
+                task_pipe.set_progress_bar_config(disable=True)
         self.name = name
         self.device: torch.device = pipe.device
         self.dtype: torch.dtype = pipe.unet.dtype
@@ -107,7 +116,8 @@ class DiffusionEngine:
         call = inspect.signature(type(pipe).__call__).parameters
         self.default_steps = int(call["num_inference_steps"].default)
         self.default_guidance_scale = float(call["guidance_scale"].default)
-        self.img2img_strength = float(inspect.signature(type(self.img2img).__call__).parameters["strength"].default)
+        img2img = type(self.img2img or self.inpaint)
+        self.img2img_strength = float(inspect.signature(img2img.__call__).parameters["strength"].default)
         self.inpaint_strength = float(inspect.signature(type(self.inpaint).__call__).parameters["strength"].default)
         self.embedding_cache: TextEmbeddingCache | None = None
         self.adapters: LoadedAdapters | None = None

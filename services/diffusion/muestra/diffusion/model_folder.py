@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SUPPORTED_PIPELINES = ("StableDiffusionPipeline", "StableDiffusionXLPipeline")
+# The inpainting classes are folders whose UNet takes 9 channels (latents, mask, masked image): they only inpaint.
+SUPPORTED_PIPELINES = (
+    "StableDiffusionPipeline",
+    "StableDiffusionXLPipeline",
+    "StableDiffusionInpaintPipeline",
+    "StableDiffusionXLInpaintPipeline",
+)
 
 
 def pipeline_class_name(path: str | Path) -> str:

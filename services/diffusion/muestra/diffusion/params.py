@@ -54,6 +54,8 @@ class Defaults:
     # The pipelines' own default strengths.
     img2img_strength: float = 0.8
     inpaint_strength: float = 1.0
+    # What the folder can do: an inpainting folder only inpaints.
+    tasks: tuple[str, ...] = ("txt2img", "img2img", "inpaint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +237,9 @@ def parse_image_request(
             raise InvalidArgument("extra.scheduler", f"sampler {sampler.name!r} rejects these options: {exc}") from exc
         raise InvalidArgument("steps", f"sampler {sampler.name!r} cannot run {steps} steps: {exc}") from exc
     inputs = _image_inputs(request, init, width, height, steps, limits, defaults)
+    if "txt2img" not in defaults.tasks and inputs.mask_image is None:
+        missing = "init_image" if inputs.init_image is None else "mask_image"
+        raise InvalidArgument(missing, f"is required: model {defaults.model!r} is an inpainting model")
     return GenerationParams(
         prompt=prompt,
         negative_prompt=request.negative_prompt,

@@ -74,6 +74,7 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             ),
             img2img_strength=engine.img2img_strength,
             inpaint_strength=engine.inpaint_strength,
+            tasks=engine.tasks,
         )
         self.default_sampler = registry.model_default(engine.base_scheduler)
         self.worker = GenerationWorker(engine, config.max_queue, torch_threads(config.torch_threads, engine))

@@ -7,10 +7,17 @@ import time
 import grpc
 import numpy as np
 import pytest
+import torch
 
 from muestra.v1 import diffusion_pb2
 from tests.diffusion.client import generate, pixels, rpc_error, stub
-from tests.fixtures.diffusion_models import ReferencePipeline, build_random_lora, start_diffusion_service
+from tests.fixtures.diffusion_models import (
+    TORCH_THREADS,
+    ReferencePipeline,
+    build_random_lora,
+    start_diffusion_service,
+    torch_threads,
+)
 
 PROMPT = "a photo of a cat sitting on a red chair"
 CALL = {"steps": 3, "width": 64, "height": 64, "guidance_scale": 7.5}
@@ -139,3 +146,26 @@ def test_a_service_without_a_lora_dir_says_so(diffusion_service):
     error = rpc_error(diffusion_service.address, prompt="a cat", steps=2, loras=loras(ink=1.0))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details() == "loras: 1 LoRA adapters asked for; this service has no --lora-dir"
+
+
+def test_an_adapter_applies_to_img2img_too(lora_service, reference_lora):
+    from diffusers import StableDiffusionImg2ImgPipeline
+
+    from tests.diffusion.test_img2img import encode, random_image
+
+    init = random_image(seed=9)
+    [image] = generate(
+        lora_service.address, prompt=PROMPT, init_image=encode(init), strength=0.7, steps=4, seed=9,
+        loras=loras(paper=0.6),
+    ).images  # fmt: skip
+    components = {k: v for k, v in reference_lora.pipe.components.items() if k != "image_encoder"}
+    img2img = StableDiffusionImg2ImgPipeline(**components)  # the same modules, adapters loaded
+    img2img.set_progress_bar_config(disable=True)
+    img2img.enable_lora()
+    img2img.set_adapters(["paper"], [0.6])
+    with torch_threads(TORCH_THREADS):
+        expected = img2img(
+            prompt=PROMPT, image=init, strength=0.7, num_inference_steps=4,
+            generator=torch.Generator("cpu").manual_seed(9),
+        ).images[0]  # fmt: skip
+    np.testing.assert_array_equal(pixels(image.png), np.asarray(expected))

@@ -84,3 +84,18 @@ def test_bad_edits_are_400_naming_the_parameter(files, fields, param, text, imag
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and text in error["message"], error
+
+
+def test_a_streamed_edit_sends_partial_images_then_the_unstreamed_pixels(client):
+    init = random_image(seed=45)
+    asked = {"image": ("init.png", encode(init), "image/png"), "prompt": PROMPT}
+    extra = {"steps": 4, "seed": 46, "strength": 0.75}
+    events = list(client.images.edit(**asked, stream=True, partial_images=2, extra_body=extra))
+    # int(4 * 0.75) = 3 steps: previews at steps 1 and 2, a progress event for step 3, then the image.
+    kinds = [event.type for event in events]
+    assert kinds == ["image_generation.partial_image"] * 2 + [
+        "muestra.image_generation.progress",
+        "image_generation.completed",
+    ], kinds
+    [unstreamed] = client.images.edit(**asked, extra_body=extra).data
+    np.testing.assert_array_equal(decode(events[-1]), decode(unstreamed))

@@ -23,6 +23,7 @@ from muestra.gateway.routing import Router
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.scheduler import grpc_error_to_muestra
 from muestra.gateway.tokenize import TokenizeRPCs
+from muestra.gateway.tool_calls import parse_tools_json
 from muestra.runtime.deadlines import within
 from muestra.runtime.errors import DeadlineExceeded, InvalidArgument, Unavailable, check_limit
 from muestra.runtime.logs import request_id_var
@@ -161,6 +162,10 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
         own_deadline = deadline is not None and deadline - time.monotonic() < timeout
         if deadline is not None:
             timeout = max(0.001, min(timeout, deadline - time.monotonic()))
+        if request.tools_json:
+            if request.WhichOneof("input") != "messages":
+                raise InvalidArgument("tools_json", "needs messages: tools go to the chat template")
+            parse_tools_json(request.tools_json, "tools_json")
         try:
             if request.WhichOneof("input") == "messages":
                 reply = await model.tokenizer.ApplyChatTemplate(
@@ -169,6 +174,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
                         messages=request.messages.messages,
                         add_generation_prompt=True,
                         tokenize=True,
+                        tools_json=request.tools_json,
                     ),
                     timeout=timeout,
                 )

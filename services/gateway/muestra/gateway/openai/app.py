@@ -165,7 +165,9 @@ def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
         request, renames = chat_request(body)
-        return await TextRun(servicer, body, [request], renames, chat=True).respond(http)
+        run = TextRun(servicer, body, [request], renames, chat=True)
+        run.choices.tool_calls = bool(body.tools) and body.tool_choice != "none"
+        return await run.respond(http)
 
     @app.post("/v1/images/generations")
     async def images(body: ImageGenerationRequest, http: Request) -> Response:

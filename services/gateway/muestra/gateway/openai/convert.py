@@ -6,12 +6,14 @@ error the gateway raises (say on `samplers[1].params.top_p`) names what the clie
 
 from __future__ import annotations
 
+import json
 import re
 
 from google.protobuf import struct_pb2
 
 from muestra.gateway.openai.errors import bad_request
 from muestra.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
+from muestra.gateway.openai.tools import template_tool_calls, tool_inputs
 from muestra.v1 import common_pb2, diffusion_pb2, gateway_pb2
 
 # OpenAI's and the extensions' sampling fields, in transformers' processor order; the first four are
@@ -87,6 +89,91 @@ def _base_request(body, max_tokens: int, logprobs: bool, top_logprobs: int) -> g
     return request
 
 
+def _choice_grammar(choices: list[str]) -> str:
+    """vLLM's guided_choice as a Lark alternation (a JSON string is a Lark string literal)."""
+    return "start: " + " | ".join(json.dumps(choice) for choice in choices)
+
+
+def _json_schema_text(schema) -> str:
+    """The schema as JSON text, which keeps the order of its properties (the generated JSON follows it)."""
+    return schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
+
+
+def _given_constraints(body) -> list[tuple[str, str, dict, dict[str, str]]]:
+    """Every output constraint the body asks for: (field, constraint kind, params, renames of its fields)."""
+    given = []
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        if fmt.type == "json_object":
+            given.append(("response_format", "json_object", {}, {}))
+        elif fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise bad_request("response_format.json_schema.schema", "is required with type 'json_schema'")
+            schema = {"schema": _json_schema_text(fmt.json_schema.schema_)}
+            given.append(("response_format", "json_schema", schema, {"params.schema": "json_schema.schema"}))
+        else:
+            raise bad_request(
+                "response_format.type", f"{fmt.type!r} is not supported; use text, json_object or json_schema"
+            )
+    if body.guided_json is not None:
+        given.append(("guided_json", "json_schema", {"schema": _json_schema_text(body.guided_json)}, {}))
+    if body.guided_regex is not None:
+        given.append(("guided_regex", "regex", {"pattern": body.guided_regex}, {}))
+    if body.guided_choice is not None:
+        given.append(("guided_choice", "grammar", {"lark": _checked_choices("guided_choice", body.guided_choice)}, {}))
+    if body.guided_grammar is not None:
+        given.append(("guided_grammar", "grammar", {"lark": body.guided_grammar}, {}))
+    outputs = body.structured_outputs
+    if outputs is not None:
+        if outputs.json_ is not None:
+            given.append(("structured_outputs.json", "json_schema", {"schema": _json_schema_text(outputs.json_)}, {}))
+        if outputs.regex is not None:
+            given.append(("structured_outputs.regex", "regex", {"pattern": outputs.regex}, {}))
+        if outputs.choice is not None:
+            lark = _checked_choices("structured_outputs.choice", outputs.choice)
+            given.append(("structured_outputs.choice", "grammar", {"lark": lark}, {}))
+        if outputs.grammar is not None:
+            given.append(("structured_outputs.grammar", "grammar", {"lark": outputs.grammar}, {}))
+        if outputs.json_object:
+            given.append(("structured_outputs.json_object", "json_object", {}, {}))
+    return given
+
+
+def _checked_choices(field: str, choices: list[str]) -> str:
+    if not choices:
+        raise bad_request(field, "must hold at least one choice")
+    for i, choice in enumerate(choices):
+        if not choice:
+            raise bad_request(f"{field}[{i}]", "is empty; every choice needs at least one character")
+    return _choice_grammar(choices)
+
+
+def _set_constraint(request: gateway_pb2.GenerateRequest, body, tool_grammar: str | None = None) -> dict[str, str]:
+    """Put the body's one output constraint (or the tools' grammar) on the request; the renames of its fields.
+
+    More than one is a 400 naming them all."""
+    given = _given_constraints(body)
+    if tool_grammar is not None:
+        if given:
+            raise bad_request(
+                given[0][0],
+                "cannot be combined with tools unless tool_choice is 'none' (the tools constrain the answer)",
+            )
+        given = [("tools", "grammar", {"lark": tool_grammar}, {})]
+    if not given:
+        return {}
+    if len(given) > 1:
+        fields = ", ".join(field for field, *_ in given)
+        raise bad_request(given[1][0], f"give one output constraint, not several ({fields})")
+    field, name, params, inner = given[0]
+    spec = struct_pb2.Struct()
+    spec.update(params)
+    request.constraint.CopyFrom(gateway_pb2.ConstraintSpec(name=name, params=spec))
+    renames = {"constraint": field, "constraint.params": field}
+    renames.update({f"constraint.{key}": f"{field}.{value}" for key, value in inner.items()})
+    return renames
+
+
 def _check_stream_options(body) -> None:
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options", "is only allowed when stream is true")
@@ -116,9 +203,10 @@ def completion_requests(
         request = _base_request(body, body.max_tokens or 0, logprobs, body.logprobs or 0)
         request.prompt = prompt
         request.add_special_tokens = body.add_special_tokens
+        constraint_renames = _set_constraint(request, body)
         requests.append(request)
     _, renames = sampler_chain(body)
-    return requests, {**renames, "top_logprobs": "logprobs"}
+    return requests, {**renames, **constraint_renames, "top_logprobs": "logprobs"}
 
 
 def _message_text(index: int, content) -> str:
@@ -136,15 +224,10 @@ def _message_text(index: int, content) -> str:
 
 def chat_request(body: ChatCompletionRequest) -> tuple[gateway_pb2.GenerateRequest, dict[str, str]]:
     _check_stream_options(body)
-    if body.tools or body.functions:
-        raise bad_request(
-            "tools" if body.tools else "functions", "tool calling is not supported", "unsupported_parameter"
-        )
-    for name in ("tool_choice", "function_call"):
-        if getattr(body, name) not in (None, "none", "auto"):
-            raise bad_request(name, "tool calling is not supported", "unsupported_parameter")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise bad_request("response_format", f"{body.response_format.type!r} is not supported; only 'text' is")
+    if body.functions or body.function_call not in (None, "none", "auto"):
+        name = "functions" if body.functions else "function_call"
+        raise bad_request(name, "the deprecated functions are not supported; use tools", "unsupported_parameter")
+    tools_json, tool_grammar = tool_inputs(body)
     if body.modalities is not None and body.modalities != ["text"]:
         raise bad_request("modalities", "only ['text'] is supported", "unsupported_parameter")
     if body.top_logprobs and not body.logprobs:
@@ -154,12 +237,22 @@ def chat_request(body: ChatCompletionRequest) -> tuple[gateway_pb2.GenerateReque
     request.messages.CopyFrom(
         common_pb2.ChatMessages(
             messages=[
-                common_pb2.ChatMessage(role=m.role, content=_message_text(i, m.content), name=m.name or "")
+                common_pb2.ChatMessage(
+                    role=m.role,
+                    content=_message_text(i, m.content),
+                    name=m.name or "",
+                    tool_calls_json=template_tool_calls(m),
+                    tool_call_id=m.tool_call_id or "",
+                )
                 for i, m in enumerate(body.messages)
             ]
         )
     )
+    request.tools_json = tools_json
+    constraint_renames = _set_constraint(request, body, tool_grammar)
     _, renames = sampler_chain(body)
+    renames.update(constraint_renames)
+    renames["tools_json"] = "tools"
     if body.max_completion_tokens:
         renames["max_tokens"] = "max_completion_tokens"
     return request, renames

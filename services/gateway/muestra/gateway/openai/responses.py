@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import time
 
+from muestra.gateway.openai.tools import ToolCallDeltas, message_with_calls
 from muestra.v1 import gateway_pb2
 
 FINISH_REASONS = {
@@ -18,8 +19,10 @@ FINISH_REASONS = {
 }
 
 
-def finish_reason(done: gateway_pb2.Completion) -> str:
-    return FINISH_REASONS.get(done.finish_reason, "stop")
+def finish_reason(done: gateway_pb2.Completion, called: bool = False) -> str:
+    """OpenAI's finish_reason; `called`: the text holds tool calls, and a stopped one ended with them."""
+    reason = FINISH_REASONS.get(done.finish_reason, "stop")
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def _top(entry: gateway_pb2.TopLogprob) -> dict:
@@ -71,6 +74,9 @@ class Choices:
         # Tokens that end a completion without adding text (EOS, stop_token_ids): no logprob entry, as
         # OpenAI gives none; the gRPC API keeps them (one entry per id there).
         self.ending_ids: frozenset[int] = frozenset()
+        # Chat with tools the model may call: the text is read for tool calls (muestra.gateway.tool_calls).
+        self.tool_calls = False
+        self.tool_deltas: dict[int, ToolCallDeltas] = collections.defaultdict(ToolCallDeltas)
 
     def text_logprobs(self, entries) -> list:
         return [e for e in entries if e.token_id not in self.ending_ids]
@@ -114,8 +120,13 @@ class Choices:
             done = self.done[choice]
             text = "".join(self.texts[choice])
             body: dict = {"index": choice}
+            called = False
             if self.chat:
-                body["message"] = {"role": "assistant", "content": text, "refusal": None}
+                if self.tool_calls:
+                    body["message"] = message_with_calls(text)
+                    called = "tool_calls" in body["message"]
+                else:
+                    body["message"] = {"role": "assistant", "content": text, "refusal": None}
                 body["logprobs"] = chat_logprobs(self.logprobs[choice]) if self.want_logprobs else None
             else:
                 prefix = self.prompt_of(choice) if self.echo else ""
@@ -123,7 +134,7 @@ class Choices:
                 body["logprobs"] = (
                     legacy_logprobs(self.logprobs[choice], len(prefix))[0] if self.want_logprobs else None
                 )
-            body["finish_reason"] = finish_reason(done)
+            body["finish_reason"] = finish_reason(done, called)
             body["stop_reason"] = done.stop_reason or None
             bodies.append(body)
         return bodies
@@ -146,6 +157,12 @@ class Choices:
     def delta_choice(self, choice: int, delta: gateway_pb2.TextDelta) -> dict | None:
         """One chunk's choice for a delta; None when there is nothing to send (no text, no logprobs)."""
         entries = self.text_logprobs(delta.logprobs) if self.want_logprobs else []
+        if self.chat and self.tool_calls:
+            message = self.tool_deltas[choice].delta(delta.text)
+            if not message and not entries:
+                return None
+            logprobs = chat_logprobs(entries) if self.want_logprobs else None
+            return {"index": choice, "delta": message, "logprobs": logprobs, "finish_reason": None}
         if not delta.text and not entries:
             return None
         if self.chat:
@@ -159,7 +176,11 @@ class Choices:
 
     def final_choice(self, choice: int, done: gateway_pb2.Completion) -> dict:
         body: dict = {"index": choice, "logprobs": None, "finish_reason": finish_reason(done)}
-        if self.chat:
+        if self.chat and self.tool_calls:  # what was held back in case it began a marker, and the reason
+            deltas = self.tool_deltas[choice]
+            body["delta"] = deltas.delta("", final=True)
+            body["finish_reason"] = finish_reason(done, deltas.called)
+        elif self.chat:
             body["delta"] = {}
         else:
             body["text"] = ""

@@ -76,6 +76,30 @@ class SamplerStep(_Body):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class JsonSchemaFormat(_Body):
+    """response_format.json_schema: OpenAI's name, description, schema and strict (always enforced here)."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Body):
+    """vLLM's structured_outputs: one of json (a JSON Schema), regex, choice, grammar, json_object."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _TextBody(_Body):
     """Fields that /v1/completions and /v1/chat/completions share."""
 
@@ -101,6 +125,13 @@ class _TextBody(_Body):
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
+    # Output constraints (at most one of them): OpenAI's response_format, vLLM's guided_* and structured_outputs.
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(_TextBody):
@@ -124,15 +155,46 @@ class ContentPart(_Body):
     file: Any = None
 
 
+class CalledFunction(_Body):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(_Body):
+    """A call in an assistant message of the conversation so far."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
-class ResponseFormat(_Body):
-    type: str
-    json_schema: Any = None
+class FunctionDefinition(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChosenFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class ChatCompletionRequest(_TextBody):
@@ -142,10 +204,9 @@ class ChatCompletionRequest(_TextBody):
     max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     functions: list[Any] | None = None
     function_call: Any = None
     modalities: list[str] | None = None

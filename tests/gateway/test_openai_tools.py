@@ -8,6 +8,10 @@ makes are the ones `required` or a named function hold it to. Their arguments mu
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import grpc
 import jsonschema
@@ -379,3 +383,21 @@ def test_grpc_tools_reach_the_template(stack):
         return done[-1].usage.prompt_tokens
 
     assert prompt_tokens(json.dumps(TOOLS)) > prompt_tokens("")
+
+
+# -- docs/openai.md -------------------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "openai.md"
+
+
+@pytest.mark.parametrize("section", ["## Structured outputs", "## Tools"])
+def test_the_docs_examples_run(stack, section):
+    text = DOC.read_text()
+    start = text.index(f"\n{section}\n")
+    body = text[start : text.index("\n## ", start + 1)]
+    examples = re.findall(r"```python\n(.*?)```", body, re.S)
+    assert examples
+    for code in examples:
+        code = code.replace("http://127.0.0.1:8000/v1", stack.base_url)
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]

@@ -226,6 +226,18 @@ def test_auto_answers_in_text_or_with_a_valid_call(client, stack, stream):
             assert TRIGGER not in (choice["content"] or "") or choice["finish_reason"] == "length"
 
 
+def test_auto_text_is_free_text(client, stack):
+    """Until a call starts, auto allows every token valid text can hold: greedy writes what it writes unconstrained."""
+
+    def greedy(**kwargs) -> tuple[str, str]:
+        reply = client.chat.completions.create(
+            model=stack.model, messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=120, **kwargs
+        )
+        return reply.choices[0].message.content, reply.choices[0].finish_reason
+
+    assert greedy(tool_choice="auto") == greedy(tool_choice="none")
+
+
 def test_tools_reach_the_chat_template(client, stack):
     def prompt_tokens(**kwargs) -> int:
         reply = client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=1, **kwargs)

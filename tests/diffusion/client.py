@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import re
+import time
 import urllib.request
 
 import grpc
@@ -60,3 +62,22 @@ def metric(port: int, name: str) -> float:
             if line.startswith(name + " "):
                 return float(line.split()[1])
     raise KeyError(name)
+
+
+CANCELLATION = re.compile(r"cancelled by the client at step (\d+); the loop stopped after step (\d+) of (\d+)")
+
+
+def cancellations(process) -> list[tuple[int, int, int]]:
+    """(cancelled at step, stopped after step, total) for every cancellation in a service's whole log."""
+    return [tuple(map(int, match)) for match in CANCELLATION.findall(process.log_path.read_text(errors="replace"))]
+
+
+def next_cancellation(process, seen: int, timeout_s: float = 10.0) -> tuple[int, int, int]:
+    """The first cancellation logged after the `seen` earlier ones (waits for the worker to log it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = cancellations(process)
+        if len(found) > seen:
+            return found[seen]
+        time.sleep(0.05)
+    raise AssertionError(f"no cancellation logged within {timeout_s}s")

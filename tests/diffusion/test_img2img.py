@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import re
-import time
 
 import grpc
 import numpy as np
@@ -13,7 +11,7 @@ from diffusers import EulerAncestralDiscreteScheduler
 from PIL import Image, ImageOps
 
 from muestra.v1 import diffusion_pb2
-from tests.diffusion.client import generate, pixels, stub
+from tests.diffusion.client import cancellations, generate, next_cancellation, pixels, stub
 
 PROMPT = "a watercolor painting of a lighthouse at sunset"
 
@@ -194,19 +192,14 @@ def test_inpainting_streams_previews_and_stops_within_a_step_of_a_cancel(diffusi
     )  # fmt: skip
     call = stub(diffusion_service.address).Generate(request, timeout=300)
     progress = [next(call).progress for _ in range(2)]
+    # Our generation runs, so the worker has logged every earlier one's end.
+    seen = len(cancellations(diffusion_service.process))
     assert [(p.step, p.total, bool(p.preview_png)) for p in progress] == [(1, 150, False), (2, 150, True)]
     call.cancel()
     with pytest.raises(grpc.RpcError) as error:
         next(call)
     assert error.value.code() == grpc.StatusCode.CANCELLED
-    found = []
-    for _ in range(100):
-        log = diffusion_service.process.log_tail(400)
-        found = re.findall(r"cancelled by the client at step (\d+); the loop stopped after step (\d+) of 150", log)
-        if found:
-            break
-        time.sleep(0.1)
-    cancelled_at, stopped_after = map(int, found[-1])
-    assert stopped_after - cancelled_at <= 1
+    cancelled_at, stopped_after, total = next_cancellation(diffusion_service.process, seen)
+    assert stopped_after - cancelled_at <= 1 and total == 150
     [image] = generate(diffusion_service.address, prompt=PROMPT, init_image=encode(init), steps=2, seed=1).images
     assert (image.width, image.height) == (256, 256)

@@ -15,7 +15,9 @@ import pytest
 from diffusers import DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler
 from PIL import Image
 
+from tests.diffusion.client import cancellations, next_cancellation
 from tests.diffusion.test_img2img import encode, random_image, square_mask
+from tests.fixtures.diffusion_models import generation_running
 
 PROMPT = "a photo of a cat sitting on a red chair"
 
@@ -187,11 +189,17 @@ def test_a_lora_in_the_prompt_is_applied_and_written_back(api):
         ("img2img", {"prompt": "<lora:nope>"}, 400, "prompt: unknown LoRA 'nope'; known: ink"),
     ],
 )
-def test_bad_requests_answer_as_a1111_does_with_a_detail(path, body, status, detail, api):
+def test_bad_requests_answer_as_a1111_does_with_a_detail_while_another_runs(
+    path, body, status, detail, api, image_stack
+):
     base = {"prompt": "a cat", "steps": 2}
     if path == "img2img":
         base["init_images"] = [b64png(random_image())]
-    response = api.post(f"/sdapi/v1/{path}", json={**base, **body})
+    with generation_running(image_stack.diffusion.address) as running:
+        started = time.monotonic()
+        response = api.post(f"/sdapi/v1/{path}", json={**base, **body})
+        assert time.monotonic() - started < 10  # answered at once, not after the running generation
+        assert next(running).WhichOneof("kind") == "progress"
     assert response.status_code == status, response.text
     assert response.json()["detail"].startswith(detail), response.json()
 
@@ -228,20 +236,14 @@ def test_progress_counts_up_during_a_job_and_interrupt_stops_it_within_a_step(ap
     assert 0 < last["progress"] < 1 and last["eta_relative"] > 0
     assert Image.open(io.BytesIO(base64.b64decode(last["current_image"]))).size == (32, 32)
 
+    seen = len(cancellations(image_stack.diffusion.process))
     assert api.post("/sdapi/v1/interrupt").json() == {}
     worker.join(timeout=60)
     assert not worker.is_alive()
     images, info = generation(result["response"])
     assert images == [] and info["interrupted"] is True
-    found = []
-    for _ in range(100):
-        log = image_stack.diffusion.process.log_tail(400)
-        found = re.findall(r"cancelled by the client at step (\d+); the loop stopped after step (\d+) of 150", log)
-        if found:
-            break
-        time.sleep(0.1)
-    cancelled_at, stopped_after = map(int, found[-1])
-    assert stopped_after - cancelled_at <= 1
+    cancelled_at, stopped_after, total = next_cancellation(image_stack.diffusion.process, seen)
+    assert stopped_after - cancelled_at <= 1 and total == 150
     assert api.get("/sdapi/v1/progress").json()["state"]["job_count"] == 0
 
 

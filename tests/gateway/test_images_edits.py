@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 
 import httpx2 as httpx
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from PIL import Image
 
 from tests.diffusion.test_img2img import encode, random_image, square_mask
+from tests.fixtures.diffusion_models import generation_running
 
 PROMPT = "a watercolor painting of a lighthouse at sunset"
 IMAGE = ("x.png", encode(random_image()))
@@ -76,11 +78,15 @@ def test_an_edit_with_an_alpha_mask_inpaints_the_transparent_part(client, refere
         ({"image": IMAGE}, {"sampler": "Euler z"}, "sampler", "unknown scheduler"),
     ],
 )
-def test_bad_edits_are_400_naming_the_parameter(files, fields, param, text, image_stack):
-    response = httpx.post(
-        image_stack.http_url + "/v1/images/edits", headers=image_stack.headers(), files=files,
-        data={"prompt": "a cat", "steps": "2", **fields}, timeout=60,
-    )  # fmt: skip
+def test_bad_edits_are_400_naming_the_parameter_while_another_request_runs(files, fields, param, text, image_stack):
+    with generation_running(image_stack.diffusion.address) as running:
+        started = time.monotonic()
+        response = httpx.post(
+            image_stack.http_url + "/v1/images/edits", headers=image_stack.headers(), files=files,
+            data={"prompt": "a cat", "steps": "2", **fields}, timeout=60,
+        )  # fmt: skip
+        assert time.monotonic() - started < 10  # answered at once, not after the running generation
+        assert next(running).WhichOneof("kind") == "progress"
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and text in error["message"], error

@@ -169,3 +169,20 @@ def test_an_adapter_applies_to_img2img_too(lora_service, reference_lora):
             generator=torch.Generator("cpu").manual_seed(9),
         ).images[0]  # fmt: skip
     np.testing.assert_array_equal(pixels(image.png), np.asarray(expected))
+
+
+def test_a_corrupt_file_is_failed_precondition_and_leaves_the_model_as_it_was(
+    lora_service, lora_dir, reference_lora, reference_sd
+):
+    broken = lora_dir / "broken.safetensors"
+    broken.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{nonsense")
+    try:
+        error = rpc_error(lora_service.address, prompt=PROMPT, seed=10, loras=loras(broken=1.0), **CALL)
+    finally:
+        broken.unlink()
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.details().startswith("LoRA 'broken' cannot be loaded into this model: ")
+    [base] = generate(lora_service.address, prompt=PROMPT, seed=10, **CALL).images
+    np.testing.assert_array_equal(pixels(base.png), reference_sd.image(prompt=PROMPT, seed=10, **CALL))
+    [ink] = generate(lora_service.address, prompt=PROMPT, seed=10, loras=loras(ink=0.8), **CALL).images
+    np.testing.assert_array_equal(pixels(ink.png), expected(reference_lora, {"ink": 0.8}, seed=10))

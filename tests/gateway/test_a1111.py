@@ -254,3 +254,17 @@ def test_the_routes_count_under_their_own_metric_labels(api):
     api.post("/sdapi/v1/img2img", json={"prompt": "a cat"})  # 422: no init_images
     paths = set(re.findall(r'muestra_http_requests_total\{path="([^"]*)"', api.get("/metrics").text))
     assert {"/sdapi/v1/samplers", "/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/sdapi/v1/progress"} <= paths
+
+
+def test_options_name_the_model_and_set_it_for_the_a1111_routes(api):
+    assert api.get("/sdapi/v1/options").json() == {"sd_model_checkpoint": "tiny-sd"}
+    assert api.post("/sdapi/v1/options", json={"sd_model_checkpoint": "tiny-sd"}).status_code == 200
+    unknown = api.post("/sdapi/v1/options", json={"sd_model_checkpoint": "sdxl-turbo"})
+    assert unknown.status_code == 404 and unknown.json()["detail"].startswith("Model not found: ")
+    other = api.post("/sdapi/v1/options", json={"CLIP_stop_at_last_layers": 2})
+    assert other.status_code == 400
+    assert other.json()["detail"] == "CLIP_stop_at_last_layers: only sd_model_checkpoint can be set here"
+    assert api.post("/sdapi/v1/options", json=[1]).status_code == 422
+    schedulers = api.get("/sdapi/v1/schedulers").json()
+    assert [s["label"] for s in schedulers] == ["Automatic", "Karras"]
+    assert all({"name", "label", "aliases", "default_rho", "need_inner_model"} <= set(s) for s in schedulers)

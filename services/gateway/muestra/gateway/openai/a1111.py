@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from muestra.gateway.openai.errors import from_muestra
 from muestra.gateway.openai.streams import ClientGone, cancel_on_disconnect
@@ -35,6 +35,11 @@ LIST_TIMEOUT_S = 5.0
 UINT32_MAX = 2**32 - 1
 # A1111's schedulers (its "Schedule type") that name one of ours together with the sampler.
 A1111_SCHEDULERS = {"automatic": "", "karras": "Karras"}
+# GET /sdapi/v1/schedulers: those two, as A1111 lists them.
+SCHEDULER_LISTING = [
+    {"name": "automatic", "label": "Automatic", "aliases": None, "default_rho": -1, "need_inner_model": False},
+    {"name": "karras", "label": "Karras", "aliases": None, "default_rho": 7.0, "need_inner_model": False},
+]
 # Our field names -> A1111's, for the messages of errors the diffusion service sends back.
 RENAMES = {
     "init_image": "init_images[0]",
@@ -138,6 +143,8 @@ class Jobs:
 
     def __init__(self) -> None:
         self.running: list[Job] = []
+        # The model the A1111 routes use (POST /sdapi/v1/options sd_model_checkpoint); empty: the gateway's default.
+        self.checkpoint = ""
 
     def current(self) -> Job | None:
         return next((job for job in self.running if job.step), self.running[0] if self.running else None)
@@ -157,14 +164,14 @@ def _validation_detail(exc: ValidationError) -> list[dict]:
     return [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
 
 
-async def _body(http: Request, model: type[BaseModel]) -> Any:
+async def _body(http: Request, model: Any) -> Any:
     raw = await http.body()
     try:
         data = json.loads(raw or b"null")
     except ValueError as exc:
         raise A1111Error(422, [{"loc": ["body"], "msg": f"JSON decode error: {exc}", "type": "json_invalid"}]) from None
     try:
-        return model.model_validate(data)
+        return TypeAdapter(model).validate_python(data)
     except ValidationError as exc:
         raise A1111Error(422, _validation_detail(exc)) from None
 
@@ -218,13 +225,18 @@ def _check_off(body: Txt2ImgRequest) -> None:
         raise A1111Error(400, f"override_settings: only sd_model_checkpoint is supported, got {', '.join(settings)}")
 
 
-async def _image_request(servicer: GatewayServicer, body: Txt2ImgRequest) -> diffusion_pb2.ImageRequest:
-    _check_off(body)
-    checkpoint = (body.override_settings or {}).get("sd_model_checkpoint") or ""
+def _model(servicer: GatewayServicer, checkpoint: str):
     try:
-        model = servicer.registry.image_model(checkpoint)
+        return servicer.registry.image_model(checkpoint)
     except MuestraError as exc:
         raise A1111Error(404, f"Model not found: {exc}") from None
+
+
+async def _image_request(
+    servicer: GatewayServicer, body: Txt2ImgRequest, checkpoint: str
+) -> diffusion_pb2.ImageRequest:
+    _check_off(body)
+    model = _model(servicer, (body.override_settings or {}).get("sd_model_checkpoint") or checkpoint)
     request = diffusion_pb2.ImageRequest(
         model=model.name,
         prompt=body.prompt,
@@ -313,7 +325,7 @@ def add_a1111(app: FastAPI, servicer: GatewayServicer) -> None:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
     async def run(body: Txt2ImgRequest, http: Request) -> JSONResponse:
-        request = await _image_request(servicer, body)
+        request = await _image_request(servicer, body, jobs.checkpoint)
         job = Job(images=request.num_images)
         images: list[diffusion_pb2.GeneratedImage] = []
 
@@ -397,6 +409,23 @@ def add_a1111(app: FastAPI, servicer: GatewayServicer) -> None:
             aliases = [n for n in (info.name, *info.aliases) if n != name]
             answer.append({"name": name, "aliases": aliases, "options": {}})
         return answer
+
+    @app.get("/sdapi/v1/schedulers")
+    async def schedulers() -> list[dict]:
+        return SCHEDULER_LISTING
+
+    @app.get("/sdapi/v1/options")
+    async def options() -> dict:
+        return {"sd_model_checkpoint": _model(servicer, jobs.checkpoint).name}
+
+    @app.post("/sdapi/v1/options")
+    async def set_options(http: Request) -> None:
+        body = await _body(http, dict[str, Any])
+        unknown = sorted(set(body) - {"sd_model_checkpoint"})
+        if unknown:
+            raise A1111Error(400, f"{', '.join(unknown)}: only sd_model_checkpoint can be set here")
+        if "sd_model_checkpoint" in body:
+            jobs.checkpoint = _model(servicer, str(body["sd_model_checkpoint"])).name
 
     @app.get("/sdapi/v1/sd-models")
     async def sd_models() -> list[dict]:

@@ -35,6 +35,8 @@ KNOWN_PATHS = {
     "/sdapi/v1/samplers",
     "/sdapi/v1/sd-models",
     "/sdapi/v1/loras",
+    "/sdapi/v1/options",
+    "/sdapi/v1/schedulers",
     "/v1/models",
     "/v1/samplers",
     "/v1/schedulers",

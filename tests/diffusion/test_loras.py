@@ -186,3 +186,17 @@ def test_a_corrupt_file_is_failed_precondition_and_leaves_the_model_as_it_was(
     np.testing.assert_array_equal(pixels(base.png), reference_sd.image(prompt=PROMPT, seed=10, **CALL))
     [ink] = generate(lora_service.address, prompt=PROMPT, seed=10, loras=loras(ink=0.8), **CALL).images
     np.testing.assert_array_equal(pixels(ink.png), expected(reference_lora, {"ink": 0.8}, seed=10))
+
+
+def test_switching_between_loaded_adapters_loads_nothing(lora_service):
+    def loads() -> int:
+        return lora_service.process.log_path.read_text().count("loaded LoRA ")
+
+    for name in ("ink", "paper"):  # both loaded now (the cache holds two)
+        generate(lora_service.address, prompt=PROMPT, seed=11, steps=1, loras=loras(**{name: 1.0}))
+    before = loads()
+    assert before >= 2  # the service logs each load
+    for name in ("ink", "paper", "ink", "paper"):
+        generate(lora_service.address, prompt=PROMPT, seed=11, steps=1, loras=loras(**{name: 0.5}))
+    generate(lora_service.address, prompt=PROMPT, seed=11, steps=1, loras=loras(ink=0.5, paper=0.5))
+    assert loads() == before

@@ -80,3 +80,38 @@ def test_sdxl_img2img_and_inpainting_equal_bare_sdxl_pipelines(sdxl_model, sdxl_
         ).images[0]  # fmt: skip
     np.testing.assert_array_equal(pixels(edited.png), np.asarray(expected_edit))
     np.testing.assert_array_equal(pixels(inpainted.png), np.asarray(expected_inpaint))
+
+
+def test_an_sdxl_lora_on_both_text_encoders_equals_bare_diffusers(sdxl_model, tmp_path_factory):
+    from diffusers import StableDiffusionXLPipeline
+
+    from tests.fixtures.diffusion_models import build_random_lora
+
+    loras = tmp_path_factory.mktemp("sdxl-loras")
+    build_random_lora(loras, sdxl_model, "glow", seed=3)
+    service = start_diffusion_service(sdxl_model, tmp_path_factory.mktemp("logs"), "--lora-dir", str(loras))
+    try:
+        call = {"prompt": "a lighthouse", "steps": 3, "seed": 19, "width": 64, "height": 64}
+        [with_lora] = generate(
+            service.address, **call, loras=[diffusion_pb2.LoraWeight(name="glow", weight=0.9)]
+        ).images
+        [without] = generate(service.address, **call).images
+    finally:
+        service.process.stop()
+    pipe = StableDiffusionXLPipeline.from_pretrained(sdxl_model, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+
+    def bare():
+        with torch_threads(TORCH_THREADS):
+            return pipe(
+                prompt="a lighthouse", num_inference_steps=3, width=64, height=64,
+                generator=torch.Generator("cpu").manual_seed(19),
+            ).images[0]  # fmt: skip
+
+    base = np.asarray(bare())
+    pipe.load_lora_weights(str(loras / "glow.safetensors"), adapter_name="glow")
+    assert set(pipe.get_list_adapters()) == {"unet", "text_encoder", "text_encoder_2"}
+    pipe.set_adapters(["glow"], [0.9])
+    np.testing.assert_array_equal(pixels(with_lora.png), np.asarray(bare()))
+    np.testing.assert_array_equal(pixels(without.png), base)
+    assert not np.array_equal(base, pixels(with_lora.png))

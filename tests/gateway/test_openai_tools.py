@@ -380,6 +380,7 @@ def grpc_request(tools_json: str, **fields) -> gateway_pb2.GenerateRequest:
         ("[{", {}, "tools_json"),
         (json.dumps({"type": "function"}), {}, "tools_json"),
         (json.dumps([CLOCK]), {"prompt": "Hola"}, "tools_json"),
+        (json.dumps([{**CLOCK, "description": "x" * 300_000}]), {}, "tools_json"),  # over --max-prompt-bytes
     ],
 )  # fmt: skip
 def test_grpc_bad_tools_json_is_invalid_argument(stack, tools_json, fields, field):

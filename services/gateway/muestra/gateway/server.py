@@ -165,7 +165,10 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
         if request.tools_json:
             if request.WhichOneof("input") != "messages":
                 raise InvalidArgument("tools_json", "needs messages: tools go to the chat template")
-            parse_tools_json(request.tools_json, "tools_json")
+            size, limit = _utf8_len(request.tools_json), self.config.max_prompt_bytes
+            if size > limit:
+                raise InvalidArgument("tools_json", f"is {size} bytes; the limit is {limit}")
+            await asyncio.to_thread(parse_tools_json, request.tools_json, "tools_json")  # compiles each schema
         try:
             if request.WhichOneof("input") == "messages":
                 reply = await model.tokenizer.ApplyChatTemplate(

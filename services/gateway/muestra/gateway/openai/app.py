@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -164,7 +165,7 @@ def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) 
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: Request) -> Response:
-        request, renames = chat_request(body)
+        request, renames = await asyncio.to_thread(chat_request, body)  # compiles the tools' schemas: off the loop
         run = TextRun(servicer, body, [request], renames, chat=True)
         run.choices.tool_calls = bool(body.tools) and body.tool_choice != "none"
         return await run.respond(http)

@@ -139,6 +139,8 @@ def test_a1111s_inpainting_defaults_blur_4_and_only_the_masked_area(api):
     text = info["infotexts"][0]
     assert "Mask blur: 4" in text and "Inpaint area: Only masked, Masked area padding: 0" in text
     assert "Denoising strength: 0.75" in text
+    # Left out of the request: the model's own, as the service used them.
+    assert (info["steps"], info["cfg_scale"], info["sampler_name"]) == (4, 7.5, "euler")
 
 
 def test_listings_have_a1111s_shapes(api, image_stack):

@@ -275,10 +275,17 @@ def _image_fields(body: Img2ImgRequest, request: diffusion_pb2.ImageRequest) -> 
         request.padding_mask_crop = body.inpaint_full_res_padding
 
 
+def _settings(parameters: str) -> dict[str, str]:
+    """The unquoted "key: value" pairs of the parameters text's last line (the defaults the service filled in)."""
+    pairs = (pair.split(": ", 1) for pair in parameters.splitlines()[-1].split(", "))
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2 and not pair[1].startswith('"')}
+
+
 def _info(body: Txt2ImgRequest, request, images: list, job: Job) -> dict:
     """The `info` object A1111 returns (as a JSON string), with the fields muestra has answers for."""
     seeds = [image.seed for image in images]
     first = images[0] if images else None
+    used = _settings(first.parameters) if first else {}
     return {
         "prompt": body.prompt,
         "all_prompts": [body.prompt] * len(images),
@@ -291,9 +298,9 @@ def _info(body: Txt2ImgRequest, request, images: list, job: Job) -> dict:
         "subseed_strength": 0,
         "width": first.width if first else request.width,
         "height": first.height if first else request.height,
-        "sampler_name": body.sampler_name or body.sampler_index or request.sampler,
-        "cfg_scale": body.cfg_scale,
-        "steps": body.steps or job.total,
+        "sampler_name": body.sampler_name or body.sampler_index or used.get("Sampler", request.sampler),
+        "cfg_scale": float(used["CFG scale"]) if "CFG scale" in used else body.cfg_scale,
+        "steps": int(used["Steps"]) if "Steps" in used else body.steps or job.total,
         "batch_size": body.batch_size,
         "restore_faces": False,
         "face_restoration_model": None,

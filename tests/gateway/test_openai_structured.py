@@ -38,6 +38,13 @@ term: factor (("*" | "/") factor)*
 factor: NUMBER | "(" expr ")"
 NUMBER: /[0-9]{1,3}/
 """
+ARITHMETIC_GBNF = r"""
+root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= factor (("*" | "/") factor)*
+factor ::= num | "(" expr ")"
+num ::= [0-9] [0-9]? [0-9]?
+"""
 ARITHMETIC_TEXT = re.compile(r"[0-9()+\-*/]+")
 N = 4
 
@@ -152,10 +159,9 @@ def test_vllm_choice(client, stack, field, endpoint, stream):
 
 
 @pytest.mark.parametrize("field", ["guided_grammar", "structured_outputs"])
-def test_vllm_grammar(client, stack, field):
-    extra = (
-        {"guided_grammar": ARITHMETIC} if field == "guided_grammar" else {"structured_outputs": {"grammar": ARITHMETIC}}
-    )
+@pytest.mark.parametrize("grammar", [ARITHMETIC, ARITHMETIC_GBNF], ids=["lark", "gbnf"])
+def test_vllm_grammar(client, stack, field, grammar):
+    extra = {"guided_grammar": grammar} if field == "guided_grammar" else {"structured_outputs": {"grammar": grammar}}
     for text in finished(texts(client, stack, "chat", False, extra_body=extra, max_tokens=40)):
         assert ARITHMETIC_TEXT.fullmatch(text), text
         assert text.count("(") == text.count(")"), text
@@ -171,6 +177,8 @@ BAD = [
     ({"guided_json": "{not json"}, "guided_json"),
     ({"guided_regex": "(unclosed"}, "guided_regex"),
     ({"guided_grammar": "start: undefined_rule"}, "guided_grammar"),
+    ({"guided_grammar": "root ::= ("}, "guided_grammar"),
+    ({"structured_outputs": {"grammar": "neither lark nor gbnf"}}, "structured_outputs.grammar"),
     ({"guided_choice": []}, "guided_choice"),
     ({"guided_choice": ["a", ""]}, "guided_choice[1]"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),

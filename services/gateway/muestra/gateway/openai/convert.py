@@ -10,6 +10,7 @@ import json
 import re
 
 from google.protobuf import struct_pb2
+from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 from muestra.gateway.openai.errors import bad_request
 from muestra.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
@@ -94,6 +95,15 @@ def _choice_grammar(choices: list[str]) -> str:
     return "start: " + " | ".join(json.dumps(choice) for choice in choices)
 
 
+def _lark(field: str, grammar: str) -> str:
+    """vLLM's grammar fields as Lark: a Lark grammar (it has a `start:` rule) as it is, GBNF converted, as vLLM's
+    guidance backend does (llguidance's any_to_lark)."""
+    try:
+        return any_to_lark(grammar)
+    except GbnfToLarkError as exc:
+        raise bad_request(field, f"is neither a Lark grammar (no `start:` rule) nor GBNF: {exc}") from None
+
+
 def _json_schema_text(schema) -> str:
     """The schema as JSON text, which keeps the order of its properties (the generated JSON follows it)."""
     return schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
@@ -122,7 +132,7 @@ def _given_constraints(body) -> list[tuple[str, str, dict, dict[str, str]]]:
     if body.guided_choice is not None:
         given.append(("guided_choice", "grammar", {"lark": _checked_choices("guided_choice", body.guided_choice)}, {}))
     if body.guided_grammar is not None:
-        given.append(("guided_grammar", "grammar", {"lark": body.guided_grammar}, {}))
+        given.append(("guided_grammar", "grammar", {"lark": _lark("guided_grammar", body.guided_grammar)}, {}))
     outputs = body.structured_outputs
     if outputs is not None:
         if outputs.json_ is not None:
@@ -133,7 +143,8 @@ def _given_constraints(body) -> list[tuple[str, str, dict, dict[str, str]]]:
             lark = _checked_choices("structured_outputs.choice", outputs.choice)
             given.append(("structured_outputs.choice", "grammar", {"lark": lark}, {}))
         if outputs.grammar is not None:
-            given.append(("structured_outputs.grammar", "grammar", {"lark": outputs.grammar}, {}))
+            lark = _lark("structured_outputs.grammar", outputs.grammar)
+            given.append(("structured_outputs.grammar", "grammar", {"lark": lark}, {}))
         if outputs.json_object:
             given.append(("structured_outputs.json_object", "json_object", {}, {}))
     return given

@@ -206,7 +206,7 @@ class ChatCompletionRequest(_TextBody):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None  # None: true, as in OpenAI
     functions: list[Any] | None = None
     function_call: Any = None
     modalities: list[str] | None = None

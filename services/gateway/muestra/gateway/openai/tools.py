@@ -33,17 +33,18 @@ def tool_inputs(body: ChatCompletionRequest) -> tuple[str, str | None]:
     except InvalidArgument as exc:
         raise from_muestra(exc) from None
     tools_json = json.dumps(tools, ensure_ascii=False)
+    parallel = body.parallel_tool_calls is not False
     if choice == "none":
         return tools_json, None
     if choice is None or choice == "auto":
-        return tools_json, tool_call_grammar(tools, required=False, parallel=body.parallel_tool_calls)
+        return tools_json, tool_call_grammar(tools, required=False, parallel=parallel)
     if choice == "required":
-        return tools_json, tool_call_grammar(tools, required=True, parallel=body.parallel_tool_calls)
+        return tools_json, tool_call_grammar(tools, required=True, parallel=parallel)
     named = [tool for tool in tools if tool["function"]["name"] == choice.function.name]
     if not named:
         known = ", ".join(tool["function"]["name"] for tool in tools)
         raise bad_request("tool_choice.function.name", f"no tool is named {choice.function.name!r}; tools: {known}")
-    return tools_json, tool_call_grammar(named, required=True, parallel=body.parallel_tool_calls)
+    return tools_json, tool_call_grammar(named, required=True, parallel=parallel)
 
 
 def template_tool_calls(message: ChatMessage) -> str:

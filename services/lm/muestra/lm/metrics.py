@@ -25,7 +25,9 @@ PREFILL_TOKENS = Histogram(
     buckets=(1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384),
 )
 DECODE_STEP_SECONDS = Histogram(
-    "muestra_lm_decode_step_seconds", "Forward time of one decode step (one token for every row, or tokens_per_row)", buckets=_STEP_BUCKETS
+    "muestra_lm_decode_step_seconds",
+    "Forward time of one decode step (one token for every row, or tokens_per_row)",
+    buckets=_STEP_BUCKETS,
 )
 BATCH_ROWS = Histogram(
     "muestra_lm_decode_batch_rows", "Rows in the batch of one decode step", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)

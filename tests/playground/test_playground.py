@@ -273,6 +273,11 @@ def test_stop_cancels_the_generation(page, openai_stack):
     while openai_stack.lm_rows() == 0:
         assert time.monotonic() < deadline, "the generation never reached the lm"
         time.sleep(0.005)
+    # Stop once text shows: the row can reach the lm before its first token reaches the page (CI raced here).
+    page.wait_for_function(
+        "() => (document.querySelector('#chat-log .message.assistant .text') || {}).textContent", timeout=30_000
+    )
+    assert openai_stack.lm_rows() > 0, "the generation ended before Stop (400 tokens, ignore_eos)"
     page.click("#chat-stop")
     assert wait_finished(page, "#chat-log .message.assistant .stats") == "stopped by you"
     deadline = time.monotonic() + 10

@@ -124,12 +124,15 @@ def environment_of(service: dict) -> dict[str, str]:
     return {key: "" if value is None else str(value) for key, value in env.items()}
 
 
-def free_port_on(hosts: list[str]) -> int:
-    """A TCP port free on every one of `hosts`."""
+def free_port_on(hosts: list[str], taken: set[int] = frozenset()) -> int:
+    """A TCP port free on every one of `hosts` and not in `taken` (ports already handed out: each probe socket
+    closes, so the kernel may offer the same port twice)."""
     for _ in range(100):
         with socket.socket() as first:
             first.bind((hosts[0], 0))
             port = first.getsockname()[1]
+            if port in taken:
+                continue
             try:
                 for host in hosts[1:]:
                     with socket.socket() as other:
@@ -266,7 +269,7 @@ class LocalCompose:
             env = {**(image.env if image else {}), **environment_of(service)}
             planned[name] = (image, env)
             for port in self.container_ports(name, env):
-                self.port_map[(name, port)] = free_port_on(self.hosts(name))
+                self.port_map[(name, port)] = free_port_on(self.hosts(name), set(self.port_map.values()))
         for name, (image, env) in planned.items():
             for replica, host in enumerate(self.hosts(name)):
                 self.containers[name].append(self._container(name, replica, host, image, dict(env)))

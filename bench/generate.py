@@ -40,6 +40,9 @@ from tests.harness import ServiceProcess  # noqa: E402
 
 CONCURRENCY = (1, 4, 8, 16)
 PROMPT_WORDS = 16
+# Before each single-stream contender: the other sessions' onnxruntime threads stop spinning (see
+# bench/decode.py's fastest_chunks: an idle pool's spinning slows the next one by up to 40% on 2 cores).
+SETTLE_S = 0.3
 
 
 def prompt_ids(index: int, vocab: int) -> np.ndarray:
@@ -122,8 +125,10 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
         ttft, itl = [], []
         for _ in range(args.repeats):
             for key, loop in (("bare", bare), ("lm", lm)):
+                time.sleep(SETTLE_S)
                 seconds, _, _ = loop.decode(loop.prefill(prompt), args.tokens - 1)
                 rounds[key].append((args.tokens - 1) / seconds)
+            time.sleep(SETTLE_S)
             rounds["single"].append(decode_rate(stack.stream(0, args.tokens)))
             best.update({key: max(values) for key, values in rounds.items()})
             for streams in CONCURRENCY:

@@ -1,6 +1,6 @@
 """Held-out perplexity of the default text model's exported ONNX graph against a unigram baseline, and samples.
 
-    .venv/bin/python -m bench.text_quality [--model models/muestra-text ...] [--samples 4]
+    .venv/bin/python -m bench.text_quality [--model models/muestra-text ...] [--samples 4] [--speed]
 
 The held-out text is text_corpus.py's evaluation split (whole stdlib modules the model never saw),
 tokenized with the model's own tokenizer, documents joined by <|eos|> as in training, cut into
@@ -8,7 +8,9 @@ consecutive windows of the context length. Each window is decoded teacher-forced
 time through the KV cache, with onnxruntime on model.onnx; every token but a window's first is
 scored. The baseline, measured in the same run on the same tokens: a unigram model of the training
 split's token frequencies with add-one smoothing. Samples use transformers' own logits processors
-with the model's generation_config.json. Prints a markdown table.
+with the model's generation_config.json. Prints a markdown table, each model's perplexity also
+against the first model given (list the float32 export first to compare precisions), and with
+`--speed` each model's batch-1 greedy decode tokens/s through the lm service over gRPC.
 """
 
 from __future__ import annotations
@@ -94,12 +96,34 @@ def sample(session, tokenizer: Tokenizer, generation_config: dict, prompt: str, 
     return tokenizer.decode(ids)
 
 
+def decode_speeds(folders: list[Path], threads: int, ids: np.ndarray) -> dict[Path, float]:
+    """Batch-1 greedy decode tokens/s of each folder through the lm over one BatchSteps stream, after a
+    64-token prompt of held-out text; the folders take turns in blocks (bench/decode.py's fastest_chunks)."""
+    import tempfile
+
+    from bench.decode import fastest_chunks
+    from bench.decode_loops import StreamLoop
+
+    chunk, repeats = 32, 8
+    with tempfile.TemporaryDirectory(prefix="text-quality-") as logs:
+        loops = {folder: StreamLoop(folder, threads, Path(logs)) for folder in folders}
+        try:
+            seconds = fastest_chunks(loops, ids[None, :64], chunk, repeats)
+        finally:
+            for loop in loops.values():
+                loop.close()
+    return {folder: chunk / s for folder, s in seconds.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, action="append", help="model folder(s); default models/muestra-text")
     parser.add_argument("--samples", type=int, default=len(PROMPTS), help="how many prompts to sample from")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    parser.add_argument(
+        "--speed", action="store_true", help="also time each model's batch-1 decode through the lm over gRPC"
+    )
     args = parser.parse_args()
     folders = args.model or [REPO / "models" / "muestra-text"]
 
@@ -124,7 +148,7 @@ def main() -> None:
         flush=True,
     )
 
-    rows = [("unigram, add-one (baseline)", "-", unigram_nll, len(scored), None)]
+    rows = [("unigram, add-one (baseline)", "-", unigram_nll, len(scored), None, None)]
     sessions = {}
     for folder in folders:
         options = ort.SessionOptions()
@@ -136,18 +160,27 @@ def main() -> None:
         assert count == len(scored)
         size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
         weights = json.loads((folder / "muestra_export.json").read_text())["weights_dtype"]
-        rows.append(
-            (f"{folder.name} ({weights}, {size / 1e6:.1f} MB)", "onnxruntime", nll, count, time.monotonic() - begun)
-        )
+        label = f"{folder.name} ({weights}, {size / 1e6:.1f} MB)"
+        rows.append((label, "onnxruntime", nll, count, time.monotonic() - begun, folder))
+    speeds = decode_speeds(folders, args.threads, held_out_ids) if args.speed else {}
 
     baseline_ppl = math.exp(unigram_nll / len(scored))
-    print("\n| model | run with | perplexity | bits/byte | unigram ppl / model ppl | eval s |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, engine, nll, count, seconds in rows:
+    first_ppl = math.exp(rows[1][2] / rows[1][3])
+    print(
+        f"\n| model | run with | perplexity | vs {folders[0].name} | bits/byte | unigram ppl / model ppl | eval s |"
+        + (" decode tok/s, lm over gRPC |" if speeds else "")
+    )
+    print("|---|---|---:|---:|---:|---:|---:|" + ("---:|" if speeds else ""))
+    for name, engine, nll, count, seconds, folder in rows:
         ppl = math.exp(nll / count)
         bits_per_byte = nll / math.log(2) / held_out_bytes
         timing = "-" if seconds is None else f"{seconds:.0f}"
-        print(f"| {name} | {engine} | {ppl:.2f} | {bits_per_byte:.3f} | {baseline_ppl / ppl:.2f}x | {timing} |")
+        versus = "-" if folder is None else f"{100 * (ppl / first_ppl - 1):+.2f}%"
+        speed = (f" {speeds[folder]:.0f} |" if folder in speeds else " - |") if speeds else ""
+        print(
+            f"| {name} | {engine} | {ppl:.2f} | {versus} | {bits_per_byte:.3f} | {baseline_ppl / ppl:.2f}x "
+            f"| {timing} |{speed}"
+        )
 
     folder = folders[0]
     generation_config = json.loads((folder / "generation_config.json").read_text())

@@ -23,24 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+# One record of the ports handed out in this process: the tests start stacks of both kinds side by side.
+from tests.harness import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT_MODEL = ROOT / "models" / "muestra-text"
 DEFAULT_IMAGE_MODEL = ROOT / "models" / "muestra-image"
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A free loopback port never handed out before in this process: each probe socket closes at once, so the kernel
-    may offer the same port to two calls, and two services of one stack would then race for it."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 def _healthy(address: str) -> bool:

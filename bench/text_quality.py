@@ -9,7 +9,8 @@ time through the KV cache, with onnxruntime on model.onnx; every token but a win
 scored. The baseline, measured in the same run on the same tokens: a unigram model of the training
 split's token frequencies with add-one smoothing. Samples use transformers' own logits processors
 with the model's generation_config.json. Prints a markdown table, each model's perplexity also
-against the first model given (list the float32 export first to compare precisions), and with
+against the first model given (list the float32 export first to compare precisions), how many of
+its greedy tokens after each prompt equal the first model's before the first difference, and with
 `--speed` each model's batch-1 greedy decode tokens/s through the lm service over gRPC.
 """
 
@@ -96,6 +97,24 @@ def sample(session, tokenizer: Tokenizer, generation_config: dict, prompt: str, 
     return tokenizer.decode(ids)
 
 
+def greedy_ids(session, tokenizer: Tokenizer, prompt: str, steps: int) -> list[int]:
+    """`steps` greedy tokens after `prompt` (no stop at <|eos|>, so every model gives as many)."""
+    from muestra.lm.export.checks import empty_past, run_step
+
+    ids = tokenizer.encode(prompt).ids
+    step_ids, past, out = np.array([ids], dtype=np.int64), empty_past(session, 1), []
+    for _ in range(steps):
+        logits, past = run_step(session, step_ids, np.ones((1, len(ids) + len(out)), dtype=np.int64), past)
+        out.append(int(logits[0, -1].argmax()))
+        step_ids = np.array([out[-1:]], dtype=np.int64)
+    return out
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+
+
 def decode_speeds(folders: list[Path], threads: int, ids: np.ndarray) -> dict[Path, float]:
     """Batch-1 greedy decode tokens/s of each folder through the lm over one BatchSteps stream, after a
     64-token prompt of held-out text; the folders take turns in blocks (bench/decode.py's fastest_chunks)."""
@@ -163,23 +182,32 @@ def main() -> None:
         label = f"{folder.name} ({weights}, {size / 1e6:.1f} MB)"
         rows.append((label, "onnxruntime", nll, count, time.monotonic() - begun, folder))
     speeds = decode_speeds(folders, args.threads, held_out_ids) if args.speed else {}
+    greedy = {
+        folder: [greedy_ids(sessions[folder], tokenizer, prompt, args.max_tokens) for prompt in PROMPTS]
+        for folder in folders
+    }
 
     baseline_ppl = math.exp(unigram_nll / len(scored))
     first_ppl = math.exp(rows[1][2] / rows[1][3])
     print(
-        f"\n| model | run with | perplexity | vs {folders[0].name} | bits/byte | unigram ppl / model ppl | eval s |"
+        f"\n| model | run with | perplexity | vs {folders[0].name} | bits/byte | unigram ppl / model ppl | eval s "
+        f"| greedy tokens before leaving {folders[0].name}'s ({len(PROMPTS)} prompts x {args.max_tokens}) |"
         + (" decode tok/s, lm over gRPC |" if speeds else "")
     )
-    print("|---|---|---:|---:|---:|---:|---:|" + ("---:|" if speeds else ""))
+    print("|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if speeds else ""))
     for name, engine, nll, count, seconds, folder in rows:
         ppl = math.exp(nll / count)
         bits_per_byte = nll / math.log(2) / held_out_bytes
         timing = "-" if seconds is None else f"{seconds:.0f}"
         versus = "-" if folder is None else f"{100 * (ppl / first_ppl - 1):+.2f}%"
         speed = (f" {speeds[folder]:.0f} |" if folder in speeds else " - |") if speeds else ""
+        agree = "-"
+        if folder is not None:
+            prefixes = [shared_prefix(a, b) for a, b in zip(greedy[folder], greedy[folders[0]], strict=True)]
+            agree = " / ".join(str(n) for n in prefixes)
         print(
             f"| {name} | {engine} | {ppl:.2f} | {versus} | {bits_per_byte:.3f} | {baseline_ppl / ppl:.2f}x "
-            f"| {timing} |{speed}"
+            f"| {timing} | {agree} |{speed}"
         )
 
     folder = folders[0]

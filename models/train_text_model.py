@@ -29,6 +29,10 @@ import text_corpus  # noqa: E402  (a sibling script, not an installed module)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # What the exporter writes next to the tokenizer files; replaced in --out, nothing else is touched.
 MODEL_FILES = ("model.onnx", "model.onnx.data", "config.json", "generation_config.json", "muestra_export.json")
+# The shipped precision: the fastest whose held-out perplexity stays within 2% of float32 (bench/text_quality.py,
+# models/README.md): int8 was +0.15% and 1.37x float32's decode rate; int4 was +3.6% at block 32.
+DEFAULT_DTYPE = "int8"
+QUANTIZED = ("int8", "int4")
 # The default chain (the gateway reads it like transformers' generate()): repetition penalty, temperature, top_p,
 # sample. top_k 0 turns top-k off; left out, transformers' default of 50 would add it.
 GENERATION_CONFIG = {
@@ -206,8 +210,8 @@ def export_into(src: Path, out: Path, dtype: str) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         exported = Path(tmp) / "onnx"
-        export_dtype = "float32" if dtype == "int8" else dtype
-        export_lm(src, exported, dtype=export_dtype, quantize="int8" if dtype == "int8" else None)
+        quantized = dtype in QUANTIZED
+        export_lm(src, exported, dtype="float32" if quantized else dtype, quantize=dtype if quantized else None)
         for name in MODEL_FILES:
             (out / name).unlink(missing_ok=True)
             if (exported / name).is_file():
@@ -267,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer", choices=["muon", "adamw"], default=TrainSettings.optimizer)
     parser.add_argument("--threads", type=int, default=TrainSettings.threads, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=TrainSettings.seed)
-    parser.add_argument("--dtype", choices=["float32", "float16", "int8"], default="float16", help="exported weights")
+    parser.add_argument(
+        "--dtype", choices=["float32", "float16", *QUANTIZED], default=DEFAULT_DTYPE, help="exported weights"
+    )
     parser.add_argument("--keep-checkpoint", type=Path, help="also save the trained transformers folder here")
     parser.add_argument("--export-from", type=Path, help="skip training: export this kept checkpoint into --out")
     args = parser.parse_args(argv)

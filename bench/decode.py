@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
 
 import argparse  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -194,7 +195,13 @@ VERSUS_BATCHES = (1, 8)
 
 def versus_llama_cpp(name: str, args, log_dir: Path) -> dict:
     """Our fused export in each precision, through the lm and as a bare loop, against llama.cpp's
-    llama-bench (batch 1) and llama-batched-bench (batch 8) on the same weights, in one run."""
+    llama-bench (batch 1) and llama-batched-bench (batch 8) on the same weights, in one run.
+
+    The machine's memory bandwidth drifts by tens of percent over minutes (a 400 MB fp32 step reads
+    29-42 GB/s from one minute to the next), so the two sides alternate: llama.cpp, ours, llama.cpp,
+    ours, ..., llama.cpp, `--rounds` times ours. A round's ratio is ours against the faster of the
+    llama.cpp runs on either side of it; a figure is each side's fastest over all rounds.
+    """
     hf_dir, _ = decode_models.build(name, "fused")
     vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
     rng = np.random.default_rng(2)
@@ -203,36 +210,60 @@ def versus_llama_cpp(name: str, args, log_dir: Path) -> dict:
         quantize = None if precision == "fp32" else precision
         _, onnx_dir = decode_models.build(name, "fused", quantize)
         kind = LLAMA_CPP_TYPES[precision]
-        # llama.cpp runs before and after ours and its faster run counts, so a noisy moment on the
-        # machine does not land on one side only.
-        before = llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]
+        theirs_runs = [llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]]
+        ours_runs = []
         service, stream = ServiceLoop(onnx_dir, args.threads, log_dir), StreamLoop(onnx_dir, args.threads, log_dir)
         loops = {"stream": stream, "service": service, "bare": SharedBufferLoop(onnx_dir, args.threads)}
         try:
-            ours = {}
-            for batch in VERSUS_BATCHES:
-                for past in VERSUS_PASTS if batch == 1 else VERSUS_PASTS[:1]:
-                    prompts = np.repeat(rng.integers(3, vocab, (1, past)), batch, 0)
-                    seconds = fastest_chunks(loops, prompts, args.chunk, args.repeats)
-                    ours[batch, past] = {k: batch * args.chunk / s for k, s in seconds.items()}
+            for _ in range(args.rounds):
+                ours = {}
+                for batch in VERSUS_BATCHES:
+                    for past in VERSUS_PASTS if batch == 1 else VERSUS_PASTS[:1]:
+                        prompts = np.repeat(rng.integers(3, vocab, (1, past)), batch, 0)
+                        seconds = fastest_chunks(loops, prompts, args.chunk, args.repeats)
+                        ours[batch, past] = {k: batch * args.chunk / s for k, s in seconds.items()}
+                ours_runs.append(ours)
+                # Our sessions stay loaded but idle while llama.cpp runs (their pools sleep after SETTLE_S).
+                time.sleep(SETTLE_S)
+                theirs_runs.append(
+                    llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]
+                )
         finally:
             service.close()
             stream.close()
-        after = llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]
-        theirs = {key: {k: max(before[key][k], after[key][k]) for k in before[key]} for key in ("tg", "batched")}
-        for (batch, past), figures in ours.items():
-            reference = theirs["tg"][past] if batch == 1 else theirs["batched"][batch]
-            rows.append(
-                {
-                    "precision": precision,
-                    "llama_cpp_type": kind,
-                    "batch": batch,
-                    "past": past,
-                    "llama_cpp": reference,
-                    **figures,
-                }
-            )
-    return {"llama_cpp": llama_cpp.SDIST, "rows": rows}
+
+        rows += versus_rows(precision, kind, ours_runs, theirs_runs)
+    return {"llama_cpp": llama_cpp.SDIST, "rows": rows, "rounds": args.rounds}
+
+
+def versus_rows(precision: str, kind: str, ours_runs: list[dict], theirs_runs: list[dict]) -> list[dict]:
+    """Rows of the llama.cpp table from rounds of ours (`ours_runs[i][batch, past][contender]`: tokens/s)
+    and the llama.cpp runs around them (`theirs_runs[i]`: llama_cpp.run's result; one more than ours:
+    run i came before our round i, run i + 1 after it)."""
+
+    def reference(run: dict, batch: int, past: int) -> float:
+        return run["tg"][past] if batch == 1 else run["batched"][batch]
+
+    rows = []
+    for batch, past in ours_runs[0]:
+        round_refs = [
+            max(reference(before, batch, past), reference(after, batch, past))
+            for before, after in itertools.pairwise(theirs_runs)
+        ]
+        rows.append(
+            {
+                "precision": precision,
+                "llama_cpp_type": kind,
+                "batch": batch,
+                "past": past,
+                "llama_cpp": max(reference(run, batch, past) for run in theirs_runs),
+                **{k: max(run[batch, past][k] for run in ours_runs) for k in ours_runs[0][batch, past]},
+                "stream_round_ratios": [
+                    run[batch, past]["stream"] / ref for run, ref in zip(ours_runs, round_refs, strict=True)
+                ],
+            }
+        )
+    return rows
 
 
 def past_study(loops: dict, vocab: int, args) -> dict:
@@ -320,17 +351,19 @@ def _versus_markdown(results: list[dict], args, lines: list[str]) -> str:
             "",
             f"### {r['model']}: against llama.cpp on the same weights ({r['versus']['llama_cpp']} vendor, "
             f"{args.threads} threads; decode tokens/s summed over rows, ratio to llama.cpp; ours: fastest "
-            f"{args.chunk}-step chunk, llama.cpp: fastest llama-bench repetition of runs before and after ours)",
+            f"{args.chunk}-step chunk, llama.cpp: fastest llama-bench repetition; {args.rounds} round(s) of ours "
+            "between llama.cpp runs, each side's fastest over all)",
             "",
         ]
         lines += [
             "| ours | llama.cpp | batch | past | llama.cpp | lm over gRPC, BatchSteps stream | "
-            "lm over gRPC, unary Decode | bare loop |",
-            "|---|---|---|---|---|---|---|---|",
+            "lm over gRPC, unary Decode | bare loop | stream / llama.cpp, each round |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for row in r["versus"]["rows"]:
             ref = row["llama_cpp"]
             cells = [f"{row[k]:.1f} ({row[k] / ref:.2f}x)" for k in ("stream", "service", "bare")]
+            cells.append(", ".join(f"{ratio:.2f}x" for ratio in row.get("stream_round_ratios", [])))
             lines.append(
                 f"| {row['precision']} | {row['llama_cpp_type']} | {row['batch']} | {row['past']} | "
                 f"{ref:.1f} | " + " | ".join(cells) + " |"
@@ -352,6 +385,7 @@ def main() -> None:
     parser.add_argument("--only-versus", action="store_true", help="only the llama.cpp comparison")
     parser.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (builds it once: minutes)")
     parser.add_argument("--precisions", default="fp32,int8,int4", help="ours against llama.cpp, comma-separated")
+    parser.add_argument("--rounds", type=int, default=1, help="versus: rounds of ours, each between two llama.cpp runs")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
     # Stopped with SIGTERM, the bench still runs its cleanups (the lm processes it started end with it).

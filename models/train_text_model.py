@@ -30,11 +30,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # What the exporter writes next to the tokenizer files; replaced in --out, nothing else is touched.
 MODEL_FILES = ("model.onnx", "model.onnx.data", "config.json", "generation_config.json", "muestra_export.json")
 # The shipped precision (models/README.md): the fastest within 2% of float32's held-out perplexity whose rows
-# do not depend on each other. int8 (+0.15%, 1.33x float32's decode rate) is out: onnxruntime's dynamic
-# quantization scales the activations of the whole batch at once, so a row's tokens change with its batch
-# and seeded replays differ. int4 is +3.6% at block 32. float32 is over the 20 MB limit.
-DEFAULT_DTYPE = "float16"
-QUANTIZED = ("int8", "int4")
+# do not depend on each other: int8 (8-bit MatMulNBits, block 32) is +0.06% and 1.35x float32's decode rate
+# through the lm. int8-dynamic (+0.15%) is out: onnxruntime's dynamic quantization scales the activations of
+# the whole batch at once, so a row's tokens change with its batch. int4 is +3.6% at block 32.
+DEFAULT_DTYPE = "int8"
+QUANTIZED = ("int8", "int4", "int8-dynamic")
 # The default chain (the gateway reads it like transformers' generate()): repetition penalty, temperature, top_p,
 # sample. top_k 0 turns top-k off; left out, transformers' default of 50 would add it.
 GENERATION_CONFIG = {

@@ -81,17 +81,55 @@ def test_cli_int8_export_reports_perplexity_before_and_after(tiny_lm, tmp_path):
     assert perplexity["int8"] == pytest.approx(perplexity["float32"], rel=0.05)
     assert perplexity["int8"] != perplexity["float32"]
 
+    assert metadata["quantization"] == {
+        "method": "MatMulNBits", "bits": 8, "symmetric": True, "block_size": 32, "accuracy_level": 4,
+    }  # fmt: skip
     graph = onnx.load(str(out / "model.onnx")).graph
-    assert any(t.data_type == onnx.TensorProto.INT8 for t in graph.initializer)
-    # Only MatMul/Gemm weights are quantized; the tiny model's embedding tables stay float32.
+    # Every weight product: GPT-2's Conv1D layers (Gemm in the float32 graph) and the vocabulary projection.
+    assert sum(n.op_type == "MatMulNBits" for n in graph.node) == weight_matmuls(
+        onnx.load(lm.onnx_dir / "model.onnx").graph, ("MatMul", "Gemm")
+    )
+    assert weight_matmuls(graph, ("MatMul", "Gemm")) == 0
+    # Only MatMul weights are quantized; the tiny model's embedding tables stay float32.
     assert (out / "model.onnx").stat().st_size < 0.75 * (lm.onnx_dir / "model.onnx").stat().st_size
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in lm.onnx_dir.iterdir())
 
 
-def weight_matmuls(graph) -> int:
-    """MatMuls whose second input is a weight (an initializer), the ones a weight quantizer rewrites."""
+def alone_and_batched(folder) -> tuple[np.ndarray, np.ndarray]:
+    """Last-position logits of one prompt run alone, and of the same prompt as row 0 of a batch of 3."""
+    sess = session(folder)
+    rows = np.array([prompt(7, 6), prompt(3, 6), prompt(11, 6)])
+    alone, _ = step(sess, rows[:1], np.ones_like(rows[:1]), empty_past(sess, 1))
+    batched, _ = step(sess, rows, np.ones_like(rows), empty_past(sess, 3))
+    return alone[0], batched[0]
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_a_quantized_row_does_not_depend_on_its_batch(tiny_lm, tmp_path, quantize):
+    # Seeded replays and greedy decoding under load need it: the lm batches whatever requests are running.
+    out = export_lm(tiny_lm("llama").hf_dir, tmp_path / quantize, quantize=quantize, progress=False)
+    alone, batched = alone_and_batched(out)
+    np.testing.assert_array_equal(alone, batched)
+
+
+def test_int8_dynamic_is_dynamic_quantization_and_says_its_rows_depend_on_the_batch(tiny_lm, tmp_path):
+    lm = tiny_lm("llama")
+    out = export_lm(lm.hf_dir, tmp_path / "dynamic", quantize="int8-dynamic", progress=False)
+    metadata = json.loads((out / "muestra_export.json").read_text())
+    assert metadata["weights_dtype"] == "int8"
+    assert metadata["quantization"] == {"method": "quantize_dynamic", "bits": 8, "batch_invariant": False}
+    graph = onnx.load(str(out / "model.onnx")).graph
+    assert any(n.op_type == "DynamicQuantizeLinear" for n in graph.node) and weight_matmuls(graph) == 0
+    alone, batched = alone_and_batched(out)
+    reference, _ = alone_and_batched(lm.onnx_dir)
+    np.testing.assert_allclose(alone, reference, atol=0.1, rtol=0)
+    np.testing.assert_allclose(batched, reference, atol=0.1, rtol=0)
+
+
+def weight_matmuls(graph, ops: tuple[str, ...] = ("MatMul",)) -> int:
+    """MatMuls (or `ops`) whose second input is a weight (an initializer), the ones a weight quantizer rewrites."""
     weights = {t.name for t in graph.initializer}
-    return sum(1 for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights)
+    return sum(1 for n in graph.node if n.op_type in ops and n.input[1] in weights)
 
 
 def test_cli_int4_export_is_matmulnbits_everywhere_and_the_lm_serves_it(tiny_lm, tmp_path):
@@ -144,7 +182,7 @@ def test_cli_int4_export_is_matmulnbits_everywhere_and_the_lm_serves_it(tiny_lm,
         process.stop()
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("quantize", [None, "int8", "int8-dynamic"])
 def test_weights_go_to_model_onnx_data_above_the_threshold(tiny_lm, tmp_path, monkeypatch, quantize):
     lm = tiny_lm("llama")
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_THRESHOLD", 0)

@@ -1,4 +1,4 @@
-"""python -m muestra.lm.export SRC OUT [--dtype float16] [--quantize int8|int4] [--layout concat] [--eval-text FILE]
+"""python -m muestra.lm.export SRC OUT [--dtype float16] [--quantize KIND] [--layout concat] [--eval-text FILE]
 
 `muestra export-lm` hands its arguments to `main` here: the options are declared once.
 """
@@ -22,13 +22,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m muestra.lm.export
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and KV-cache dtype")
     parser.add_argument(
         "--quantize",
-        choices=["int8", "int4"],
+        choices=["int8", "int4", "int8-dynamic"],
         default=None,
-        help="quantize the float32 export's weights: int8 (dynamic), int4 (MatMulNBits, block-wise)",
+        help="quantize the float32 export's weights: int8, int4 (MatMulNBits, block-wise, row by row); "
+        "int8-dynamic (onnxruntime's quantize_dynamic: faster for many rows, but one scale over the whole batch's "
+        "activations makes a row's logits depend on the rows beside it)",
     )
-    parser.add_argument("--block-size", type=int, default=32, help="int4: weights per quantization block")
+    parser.add_argument("--block-size", type=int, default=32, help="int8/int4: weights per quantization block")
     parser.add_argument(
-        "--accuracy-level", type=int, default=4, help="int4: MatMulNBits compute (4: int8 activations, 0: float)"
+        "--accuracy-level",
+        type=int,
+        default=4,
+        help="int8/int4: MatMulNBits compute (4: int8 activations, 0: float)",
     )
     parser.add_argument(
         "--layout",

@@ -59,8 +59,10 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
-# int8: onnxruntime's dynamic quantizer; int4: MatMulNBits (block-wise, vocabulary projection included).
-QUANTIZE = (None, "int8", "int4")
+# int8, int4: MatMulNBits (block-wise, vocabulary projection included, activations quantized row by row);
+# int8-dynamic: onnxruntime's dynamic quantizer (one activation scale per call: rows depend on their batch).
+QUANTIZE = (None, "int8", "int4", "int8-dynamic")
+NBITS = {"int8": 8, "int4": 4}
 # fused: GroupQueryAttention over one KV buffer per layer, written in place (the default where the
 # family allows it); concat: optimum's layout, whose graph concatenates past and new KV every step.
 LAYOUTS = ("fused", "concat")
@@ -297,18 +299,19 @@ def _quantize(
     shared: bool,
 ) -> dict:
     fp32_path, quant_path = staging / "model.onnx", staging / f"model.{kind}.onnx"
-    fields: dict = {"weights_dtype": kind}
+    fields: dict = {"weights_dtype": "int8" if kind == "int8-dynamic" else kind}
     if eval_ids is not None:
         with log.step(f"float32 perplexity on {len(eval_ids)} tokens"):
             before = checks.perplexity(checks.ort_session(fp32_path), eval_ids, "float32 perplexity")
-    if kind == "int8":
+    if kind == "int8-dynamic":
         with log.step("quantizing weights to int8 (onnxruntime quantize_dynamic)"):
             external = quantize_int8(fp32_path, quant_path, EXTERNAL_DATA_THRESHOLD)
+        fields["quantization"] = {"method": "quantize_dynamic", "bits": 8, "batch_invariant": False}
     else:
         how = f"block {nbits['block_size']}, accuracy level {nbits['accuracy_level']}"
         with log.step(f"quantizing weights to {kind} (onnxruntime MatMulNBits, {how})"):
-            external = quantize_nbits(fp32_path, quant_path, EXTERNAL_DATA_THRESHOLD, bits=4, **nbits)
-        fields["quantization"] = {"method": "MatMulNBits", "bits": 4, "symmetric": True, **nbits}
+            external = quantize_nbits(fp32_path, quant_path, EXTERNAL_DATA_THRESHOLD, bits=NBITS[kind], **nbits)
+        fields["quantization"] = {"method": "MatMulNBits", "bits": NBITS[kind], "symmetric": True, **nbits}
     for path in (fp32_path, staging / "model.onnx.data"):
         path.unlink(missing_ok=True)
     quant_path.rename(fp32_path)

@@ -92,7 +92,7 @@ def _save_tokenizer(out: Path, vocab_size: int) -> None:
 
 def build(name: str, layout: str = "fused", quantize: str | None = None, dtype: str = "float32") -> tuple[Path, Path]:
     """(transformers folder, ONNX folder) of a bench model in the exporter's `layout` ("fused" or
-    "concat") and precision (`quantize` None, "int8" or "int4"; `dtype` "float32" or "float16"),
+    "concat") and precision (`quantize` None, "int8", "int4" or "int8-dynamic"; `dtype` "float32" or "float16"),
     building and exporting it on first use."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -209,7 +209,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gpt2-124m", "llama-tiny"], choices=decode_models.MODELS)
     parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4"], help="of the fused export")
+    parser.add_argument(
+        "--precision", default="fp32", choices=["fp32", "int8", "int4", "int8-dynamic"], help="of the fused export"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw figures here")

@@ -122,20 +122,22 @@ class BatchOutput(_message.Message):
     def __init__(self, logits: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowOutput, _Mapping]]] = ...) -> None: ...
 
 class RowOutput(_message.Message):
-    __slots__ = ("logits_row", "argmax", "top_ids", "top_logits", "logsumexp", "cached_tokens")
+    __slots__ = ("logits_row", "argmax", "top_ids", "top_logits", "logsumexp", "cached_tokens", "greedy_ids")
     LOGITS_ROW_FIELD_NUMBER: _ClassVar[int]
     ARGMAX_FIELD_NUMBER: _ClassVar[int]
     TOP_IDS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGITS_FIELD_NUMBER: _ClassVar[int]
     LOGSUMEXP_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_IDS_FIELD_NUMBER: _ClassVar[int]
     logits_row: int
     argmax: int
     top_ids: _containers.RepeatedScalarFieldContainer[int]
     top_logits: _containers.RepeatedScalarFieldContainer[float]
     logsumexp: float
     cached_tokens: int
-    def __init__(self, logits_row: _Optional[int] = ..., argmax: _Optional[int] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logits: _Optional[_Iterable[float]] = ..., logsumexp: _Optional[float] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    greedy_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, logits_row: _Optional[int] = ..., argmax: _Optional[int] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logits: _Optional[_Iterable[float]] = ..., logsumexp: _Optional[float] = ..., cached_tokens: _Optional[int] = ..., greedy_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("forward_us", "total_us")
@@ -166,12 +168,16 @@ class DecodeBatch(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., next_ids: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[_Union[OutputSpec, _Mapping]]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches", "tokens_per_row")
+    __slots__ = ("batches", "tokens_per_row", "greedy_steps", "stop_token_ids")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_ROW_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[DecodeBatch]
     tokens_per_row: int
-    def __init__(self, batches: _Optional[_Iterable[_Union[DecodeBatch, _Mapping]]] = ..., tokens_per_row: _Optional[int] = ...) -> None: ...
+    greedy_steps: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batches: _Optional[_Iterable[_Union[DecodeBatch, _Mapping]]] = ..., tokens_per_row: _Optional[int] = ..., greedy_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("batch_id", "output", "timing")

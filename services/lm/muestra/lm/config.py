@@ -34,6 +34,9 @@ class LmConfig(ServiceConfig):
     max_tokens_per_row: int = dataclasses.field(
         default=32, metadata={"help": "most tokens one row may append in one Decode (DecodeRequest.tokens_per_row)"}
     )
+    max_greedy_steps: int = dataclasses.field(
+        default=64, metadata={"help": "most greedy steps one Decode may run (DecodeRequest.greedy_steps)"}
+    )
     batch_idle_s: float = dataclasses.field(
         default=300.0,
         metadata={

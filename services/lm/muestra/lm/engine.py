@@ -55,6 +55,9 @@ class StepResult:
     forward_us: int
     # Per row, the allowed-token bitmask applied to this step's logits (b"": none).
     allowed: list[bytes] | None = None
+    # With greedy steps: int64 [rows, steps run], each row's argmax after each step (the last column is
+    # the argmax of `logits`).
+    greedy_ids: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -73,6 +76,7 @@ class Engine:
         kv_budget_bytes: int,
         max_top_n: int,
         max_tokens_per_row: int = 32,
+        max_greedy_steps: int = 64,
     ) -> None:
         self.decoder = decoder
         self.info = decoder.info
@@ -80,6 +84,7 @@ class Engine:
         self.kv_budget_bytes = kv_budget_bytes
         self.max_top_n = max_top_n
         self.max_tokens_per_row = max_tokens_per_row
+        self.max_greedy_steps = max_greedy_steps
         self.batches: dict[str, Batch] = {}
         self._sizes: dict[str, tuple[int, int]] = {}
         # batch id -> (lease, time.monotonic() of its last use)
@@ -188,11 +193,26 @@ class Engine:
         allowed = [r.allowed for r in rows]
         return StepResult(self._store(batch, lease), logits, batch.outputs, forward_us, allowed)
 
-    def decode(self, items: Sequence[DecodeInput], lease: str = "", tokens_per_row: int = 1) -> StepResult:
-        """Append tokens_per_row tokens to every row (each item's next_ids holds them row after row) and step."""
+    def decode(
+        self,
+        items: Sequence[DecodeInput],
+        lease: str = "",
+        tokens_per_row: int = 1,
+        greedy_steps: int = 1,
+        stop_ids: Sequence[int] = (),
+    ) -> StepResult:
+        """Append tokens_per_row tokens to every row (each item's next_ids holds them row after row) and step.
+
+        With greedy_steps > 1, every row's argmax is then fed back and stepped, up to greedy_steps forwards
+        in all, or until every row has produced one of stop_ids."""
         if not items:
             raise InvalidArgument("batches", "give at least one batch")
         check_limit("tokens_per_row", tokens_per_row, 1, self.max_tokens_per_row)
+        check_limit("greedy_steps", greedy_steps, 1, self.max_greedy_steps)
+        if greedy_steps > 1 and tokens_per_row > 1:
+            raise InvalidArgument("greedy_steps", "needs tokens_per_row 1 (feed forced tokens in a call of their own)")
+        # The KV a call may add to a row: its fed tokens, then one per greedy step after the first.
+        added = tokens_per_row + greedy_steps - 1
         seen = set()
         batches = []
         for i, item in enumerate(items):
@@ -210,11 +230,11 @@ class Engine:
                     f"batches[{i}].outputs", f"got {len(item.outputs)} specs for a batch of {batch.rows} rows"
                 )
             self.check_ids(f"batches[{i}].next_ids", item.next_ids)
-            full = np.flatnonzero(batch.lengths + tokens_per_row > self.info.context_length)
+            full = np.flatnonzero(batch.lengths + added > self.info.context_length)
             if full.size:
                 raise InvalidArgument(
                     f"batches[{i}].next_ids",
-                    f"row {int(full[0])} holds {int(batch.lengths[full[0]])} tokens; {tokens_per_row} more would "
+                    f"row {int(full[0])} holds {int(batch.lengths[full[0]])} tokens; {added} more would "
                     f"pass the context length {self.info.context_length}",
                 )
             batches.append(batch)
@@ -223,7 +243,7 @@ class Engine:
             raise InvalidArgument(
                 "batches", f"the batches hold {rows} rows together; max_batch_rows is {self.max_batch_rows}"
             )
-        lengths = np.concatenate([b.lengths for b in batches]) + tokens_per_row
+        lengths = np.concatenate([b.lengths for b in batches]) + added
         freed = sum(self._sizes[item.batch_id][0] for item in items)
         self._reserve("Decode", freed, self._bytes_for(lengths.tolist()))
 
@@ -234,11 +254,46 @@ class Engine:
         allowed = None
         if any(item.allowed for item in items):
             allowed = [a for item, b in zip(items, batches, strict=True) for a in (item.allowed or [b""] * b.rows)]
-        # step() changes the batch only once its forward has succeeded.
-        logits, forward_us = batch.step(self.decoder, next_ids)
+        if greedy_steps > 1:
+            if allowed is not None and any(allowed):
+                raise InvalidArgument("greedy_steps", "rows with allowed_tokens masks take one step per call")
+            wrong = next((r for r, (kind, _) in enumerate(specs) if kind != lm_pb2.ARGMAX), None)
+            if wrong is not None:
+                raise InvalidArgument("greedy_steps", f"every row must want ARGMAX outputs; row {wrong} does not")
+            logits, forward_us, greedy_ids = self._greedy_steps(batch, next_ids, greedy_steps, stop_ids, items)
+        else:
+            # step() changes the batch only once its forward has succeeded.
+            logits, forward_us = batch.step(self.decoder, next_ids)
+            greedy_ids = None
         batch.outputs = specs
         stored = self._store(batch, lease, [item.batch_id for item in items])
-        return StepResult(stored, logits, specs, forward_us, allowed)
+        return StepResult(stored, logits, specs, forward_us, allowed, greedy_ids)
+
+    def _greedy_steps(
+        self, batch: Batch, next_ids: np.ndarray, steps: int, stop_ids: Sequence[int], items: Sequence[DecodeInput]
+    ) -> tuple[np.ndarray, int, np.ndarray]:
+        """Step `batch` up to `steps` times, feeding each row's argmax back; last logits, µs, [rows, run] ids."""
+        stops = np.asarray(sorted(set(stop_ids)), dtype=np.int64)
+        stopped = np.zeros(batch.rows, dtype=bool)
+        taken: list[np.ndarray] = []
+        forward_us = 0
+        for step in range(steps):
+            try:
+                logits, us = batch.step(self.decoder, next_ids)
+            except Exception:
+                if step:  # the batch moved on past what its caller knows: it cannot be stepped again
+                    for item in items:
+                        self._drop(item.batch_id)
+                raise
+            forward_us += us
+            next_ids = logits.argmax(axis=-1)
+            taken.append(next_ids)
+            if stops.size:
+                stopped |= np.isin(next_ids, stops)
+                if stopped.all():
+                    break
+            next_ids = next_ids[:, None]
+        return logits, forward_us, np.stack(taken, axis=1)
 
     def filter(self, batch_id: str, rows: Sequence[int], lease: str = "") -> tuple[str, int]:
         batch = self._batch("batch_id", batch_id, lease)

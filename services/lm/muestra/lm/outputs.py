@@ -43,12 +43,15 @@ def apply_allowed(logits: np.ndarray, allowed: Sequence[bytes]) -> np.ndarray:
 
 
 def batch_output(
-    logits: np.ndarray, specs: Sequence[OutputSpec], allowed: Sequence[bytes] | None = None
+    logits: np.ndarray,
+    specs: Sequence[OutputSpec],
+    allowed: Sequence[bytes] | None = None,
+    greedy_ids: np.ndarray | None = None,
 ) -> lm_pb2.BatchOutput:
     """Pack a step's last-position logits (float32 [rows, vocab]) per row spec; argmax is always set.
 
     Rows with an allowed-token bitmask are masked first, so their argmax, top-n and logits all see
-    only the allowed tokens."""
+    only the allowed tokens. `greedy_ids` ([rows, steps], from greedy steps) go to each row's greedy_ids."""
     if allowed is not None and any(allowed):
         logits = apply_allowed(logits, allowed)
     argmax = logits.argmax(axis=-1)
@@ -66,6 +69,8 @@ def batch_output(
     logits_row = {row: i for i, row in enumerate(full)}
     for i, (kind, n) in enumerate(specs):
         row = out.rows.add(logits_row=logits_row.get(i, -1), argmax=int(argmax[i]))
+        if greedy_ids is not None:
+            row.greedy_ids.extend(greedy_ids[i].tolist())
         if kind == lm_pb2.TOP_N:
             ids, values = top_n(logits[i], n)
             row.top_ids.extend(ids.tolist())

@@ -26,6 +26,8 @@ log = logging.getLogger("muestra.lm")
 
 # How often the service looks for batches idle beyond batch_idle_s.
 SWEEP_S = 5.0
+# Most stop_token_ids a Decode may list.
+MAX_STOP_IDS = 1024
 _DTYPES = {"float32": common_pb2.FLOAT32, "float16": common_pb2.FLOAT16}
 
 
@@ -87,7 +89,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
 
     def _step_output(self, step, *args) -> tuple[StepResult, lm_pb2.BatchOutput]:
         result = step(*args)
-        return result, batch_output(result.logits, result.specs, result.allowed)
+        return result, batch_output(result.logits, result.specs, result.allowed, result.greedy_ids)
 
     async def Describe(self, request, context) -> lm_pb2.DescribeModelResponse:
         info = self.engine.info
@@ -185,10 +187,15 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             ]
             items.append(DecodeInput(batch.batch_id, _ids(batch.next_ids), specs or None, allowed or None))
         tokens = request.tokens_per_row or 1
-        result, output = await self._decode_step(
-            self._step_output, self.engine.decode, items, lease_of(context), tokens
+        steps = request.greedy_steps or 1
+        check_limit("stop_token_ids", len(request.stop_token_ids), 0, MAX_STOP_IDS)
+        # Several steps hold the thread they run on for as many forwards: never the event loop's.
+        run = self._decode_step if steps == 1 else self._on_model_thread
+        result, output = await run(
+            self._step_output, self.engine.decode, items, lease_of(context), tokens, steps, list(request.stop_token_ids)
         )
-        metrics.DECODE_STEP_SECONDS.observe(result.forward_us / 1e6)
+        steps_run = result.greedy_ids.shape[1] if result.greedy_ids is not None else 1
+        metrics.DECODE_STEP_SECONDS.observe(result.forward_us / 1e6 / steps_run)
         metrics.BATCH_ROWS.observe(len(output.rows))
         return lm_pb2.DecodeResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
 
@@ -274,7 +281,10 @@ def load_engine(config: LmConfig) -> Engine:
         info.name, info.num_layers, info.num_kv_heads, info.head_dim, info.kv_dtype.name,
         info.storage, info.vocab_size, info.context_length, info.fingerprint[:16],
     )  # fmt: skip
-    return Engine(decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n, config.max_tokens_per_row)
+    return Engine(
+        decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n, config.max_tokens_per_row,
+        config.max_greedy_steps,
+    )  # fmt: skip
 
 
 def service_spec(engine: Engine, prefix_cache: PrefixCache | None = None, batch_idle_s: float = 0.0) -> ServiceSpec:

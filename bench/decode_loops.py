@@ -153,11 +153,20 @@ class SharedBufferLoop:
 
 
 class ServiceLoop:
-    """The lm service as a real process, driven over gRPC with ARGMAX outputs."""
+    """The lm service as a real process, driven over gRPC with ARGMAX outputs.
 
-    def __init__(self, onnx_dir: Path, threads: int, log_dir: Path, providers: str = "cpu") -> None:
+    With `burst` > 1, each Decode runs up to that many greedy steps (DecodeRequest.greedy_steps), as the
+    gateway drives greedy rows; with 1, a call per token."""
+
+    def __init__(
+        self, onnx_dir: Path, threads: int, log_dir: Path, providers: str = "cpu", burst: int = 1, process=None
+    ) -> None:
         args = ["--model", str(onnx_dir), "--providers", providers, "--intra-op-threads", str(threads)]
-        self.process = ServiceProcess("lm", [*args, "--max-batch-rows", "64", "--log-level", "WARNING"], log_dir)
+        self.burst = burst
+        self.owns_process = process is None
+        self.process = process or ServiceProcess(
+            "lm", [*args, "--max-batch-rows", "64", "--log-level", "WARNING"], log_dir
+        )
         self.channel = grpc.insecure_channel(self.process.address)
         self.stub = lm_pb2_grpc.LanguageModelStub(self.channel)
 
@@ -178,23 +187,29 @@ class ServiceLoop:
         batch_id, token = state
         tokens = []
         started = time.perf_counter()
-        for _ in range(steps):
-            reply = self.step(lm_pb2.DecodeRequest(batches=[lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=token)]))
+        while len(tokens) < steps:
+            burst = min(self.burst, steps - len(tokens))
+            batches = [lm_pb2.DecodeBatch(batch_id=batch_id, next_ids=token)]
+            reply = self.step(lm_pb2.DecodeRequest(batches=batches, greedy_steps=burst if burst > 1 else 0))
             batch_id, token = reply.batch_id, [r.argmax for r in reply.output.rows]
-            tokens.append(token)
+            if burst > 1:
+                tokens.extend(zip(*(r.greedy_ids for r in reply.output.rows), strict=True))
+            else:
+                tokens.append(token)
         return time.perf_counter() - started, [list(t) for t in zip(*tokens, strict=True)], (batch_id, token)
 
     def close(self) -> None:
         self.channel.close()
-        self.process.stop()
+        if self.owns_process:
+            self.process.stop()
 
 
 class StreamLoop(ServiceLoop):
     """The lm driven as the gateway drives it: decode steps over one BatchSteps stream (a message
     each way per step), not a unary Decode call per step."""
 
-    def __init__(self, onnx_dir: Path, threads: int, log_dir: Path, providers: str = "cpu") -> None:
-        super().__init__(onnx_dir, threads, log_dir, providers)
+    def __init__(self, onnx_dir: Path, threads: int, log_dir: Path, providers: str = "cpu", **kwargs) -> None:
+        super().__init__(onnx_dir, threads, log_dir, providers, **kwargs)
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.replies = self.stub.BatchSteps(iter(self.requests.get, None))
 

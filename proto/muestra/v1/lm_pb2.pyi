@@ -50,7 +50,7 @@ class ServiceLoad(_message.Message):
     def __init__(self, batches: _Optional[int] = ..., rows: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ...) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "context_length", "vocab_size", "eos_token_ids", "providers", "kv", "load", "max_batch_rows", "generation_config_json")
+    __slots__ = ("model", "fingerprint", "context_length", "vocab_size", "eos_token_ids", "providers", "kv", "load", "max_batch_rows", "generation_config_json", "max_greedy_steps")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class DescribeModelResponse(_message.Message):
     LOAD_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    MAX_GREEDY_STEPS_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     context_length: int
@@ -71,7 +72,8 @@ class DescribeModelResponse(_message.Message):
     load: ServiceLoad
     max_batch_rows: int
     generation_config_json: str
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., providers: _Optional[_Iterable[str]] = ..., kv: _Optional[_Union[KvLayout, _Mapping]] = ..., load: _Optional[_Union[ServiceLoad, _Mapping]] = ..., max_batch_rows: _Optional[int] = ..., generation_config_json: _Optional[str] = ...) -> None: ...
+    max_greedy_steps: int
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., providers: _Optional[_Iterable[str]] = ..., kv: _Optional[_Union[KvLayout, _Mapping]] = ..., load: _Optional[_Union[ServiceLoad, _Mapping]] = ..., max_batch_rows: _Optional[int] = ..., generation_config_json: _Optional[str] = ..., max_greedy_steps: _Optional[int] = ...) -> None: ...
 
 class OutputSpec(_message.Message):
     __slots__ = ("kind", "top_n", "allowed_tokens")

@@ -42,6 +42,15 @@ class GatewayConfig(ServiceConfig):
         "where a constrained row's allowed-token mask is applied: lm (the lm masks its logits before its argmax, "
         "so greedy rows still ship no logits) or gateway (the row ships full logits and the gateway masks them)",
     )
+    greedy_burst: int = _f(
+        8,
+        "greedy steps the lm runs in one Decode when every row of the batch is greedy and unconstrained, without "
+        "stop strings, and no request waits (the lm feeds each argmax back itself; tokens then stream in bursts). "
+        "1: a Decode per token",
+    )
+    greedy_burst_ms: float = _f(
+        100.0, "a burst is cut to the steps that the replica's recent step times say fit in this many milliseconds"
+    )
     startup_timeout_s: float = _f(120.0, "how long to wait for the backend services at start")
     affinity_tokens: int = _f(32, "prompts sharing this many leading tokens go to the same lm replica")
     health_interval_s: float = _f(2.0, "seconds between health checks (and DNS lookups) of lm replicas")

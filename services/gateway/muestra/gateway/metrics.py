@@ -74,3 +74,9 @@ STEP_TIME = Histogram(
     ["model", "replica"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+DECODE_BURST = Histogram(
+    "muestra_decode_burst_steps",
+    "Greedy steps one lm Decode ran for a replica's batch (1: a Decode per token; see --greedy-burst)",
+    ["model", "replica"],
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)

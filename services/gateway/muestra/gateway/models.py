@@ -45,6 +45,8 @@ class LmReplica:
     address: str
     stub: lm_pb2_grpc.LanguageModelStub
     channel: grpc.aio.Channel
+    # Most greedy steps one Decode may run there (its Describe's max_greedy_steps; 1 until known).
+    max_greedy_steps: int = 1
 
 
 @dataclasses.dataclass
@@ -170,6 +172,7 @@ class ModelRegistry:
             lm_info = await _retry(
                 f"the lm service at {spec['lm'][0]}", lambda r=replicas[0]: _describe_lm(r), deadline, lm_setting
             )
+            replicas[0].max_greedy_steps = max(1, lm_info.max_greedy_steps)
             tok_model = spec.get("tokenizer_model", "")
             tok_info = await _retry(
                 f"the tokenizer service at {spec['tokenizer']}",
@@ -197,6 +200,7 @@ class ModelRegistry:
                 other = await _retry(
                     f"the lm service at {replica.address}", lambda r=replica: _describe_lm(r), deadline, lm_setting
                 )
+                replica.max_greedy_steps = max(1, other.max_greedy_steps)
                 if other.fingerprint != model.fingerprint:
                     raise BackendError(
                         f"lm replicas of {model.name} serve different models ({replica.address} differs); "

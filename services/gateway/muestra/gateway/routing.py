@@ -125,6 +125,14 @@ class Router:
         except grpc.aio.AioRpcError:
             ok = False
         if ok and not scheduler.healthy:
+            # A replica back from a restart may run with other limits.
+            try:
+                info = await scheduler.replica.stub.Describe(
+                    lm_pb2.DescribeModelRequest(), timeout=self.config.health_timeout_s
+                )
+            except grpc.aio.AioRpcError:
+                return
+            scheduler.replica.max_greedy_steps = max(1, info.max_greedy_steps)
             log.info("lm replica %s is healthy again", scheduler.replica.address)
             scheduler.healthy = True
         elif not ok and scheduler.healthy:
@@ -147,7 +155,7 @@ class Router:
                     log.error("lm at %s serves another model (%s); ignored", address, info.model)
                     await channel.close()
                     continue
-                replica = LmReplica(address, stub, channel)
+                replica = LmReplica(address, stub, channel, max(1, info.max_greedy_steps))
                 self.model.replicas.append(replica)
                 self._add(replica)
                 log.info("lm replica %s added to %s", address, self.model.name)

@@ -5,6 +5,12 @@ are reordered (one Filter call, repeats allowed), and waiting requests are prefi
 it (Decode concatenates the new batches with the running one). One Decode call per step
 serves every row; the detokenization of step t overlaps the lm's work on step t+1.
 
+When every row is greedy (the lm's argmax, no constraint, no stop strings) and nobody waits, one
+Decode runs several steps (DecodeRequest.greedy_steps): the lm feeds each argmax back itself, and
+the gateway takes the tokens in a burst, as vLLM's multi-step scheduling does. A burst is at most
+--greedy-burst steps and about --greedy-burst-ms long, so a request that arrives meanwhile waits
+no longer than that for its prefill.
+
 Every await on the lm or the tokenizer has a deadline. When the lm replica fails (or misses a
 deadline) its requests that have not streamed anything move to another replica, once, and the
 others end with UNAVAILABLE naming the replica; when the tokenizer fails, the requests waiting on
@@ -52,6 +58,10 @@ MAX_REROUTES = 1
 # default --max-tokens-per-row is 32).
 MAX_QUEUED = 16
 MAX_TOKENS_PER_STEP = 16
+# Most stop ids one Decode lists (the lm's limit); with more, a burst runs its full length.
+MAX_STOP_IDS = 1024
+# Weight of the newest step in the running estimate of a replica's time per step.
+STEP_TIME_WEIGHT = 0.2
 
 
 def grpc_error_to_muestra(exc: grpc.aio.AioRpcError) -> MuestraError:
@@ -90,6 +100,30 @@ def _tokens_per_row(rows: list[Row]) -> int:
     if len(rows) != 1 or not isinstance(rows[0], Sequence):
         return 1
     return min(1 + len(rows[0].queued), MAX_TOKENS_PER_STEP)
+
+
+def _bursts(row: Row) -> bool:
+    """Whether the lm may pick this row's next tokens itself, several steps in a row: a greedy row that
+    ships no logits, has no constraint, feeds one token, and has no stop strings (text, not ids, would end it
+    somewhere inside the burst, and the tokens after that point would still count as generated)."""
+    return (
+        isinstance(row, Sequence)
+        and not row.in_flight
+        and not row.queued
+        and row.sampling.constraint is None
+        and row.sampling.output_kind == lm_pb2.ARGMAX
+        and not row.request.stop
+    )
+
+
+def _stop_ids(rows: list[Sequence], eos: tuple[int, ...]) -> list[int]:
+    """Ids after which rows end (EOS unless ignored, stop_token_ids): the lm ends a burst once all rows met one."""
+    ids: set[int] = set()
+    for request in _requests(rows):
+        ids |= request.stop_token_ids
+        if not request.ignore_eos:
+            ids.update(eos)
+    return sorted(ids) if len(ids) <= MAX_STOP_IDS else []
 
 
 def _decode_batch(batch_id: str, rows: list[Row], masked: bool, tokens: int) -> lm_pb2.DecodeBatch:
@@ -157,6 +191,10 @@ class ReplicaScheduler:
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.steps = 0
+        self.greedy_burst = config.greedy_burst
+        self.greedy_burst_s = config.greedy_burst_ms / 1000
+        # Running estimate of one decode step's time here (None until a step was timed).
+        self.step_s: float | None = None
         self.progress = Progress()
         self.detokenizer = Detokenizer(model, self.progress, config.tokenizer_timeout_s)
         # Decode, Filter and Clear go over one open stream (a draining lm keeps serving them there).
@@ -430,7 +468,9 @@ class ReplicaScheduler:
             isinstance(r, Sequence) and r.sampling.constraint is not None
             for r in (*self.rows, *(r for _, rows in self.joining for r in rows))
         )
-        tokens = _tokens_per_row([*self.rows, *(r for _, rows in self.joining for r in rows)])
+        every = [*self.rows, *(r for _, rows in self.joining for r in rows)]
+        tokens = _tokens_per_row(every)
+        steps = self._burst(every)
         if self.batch_id:
             batches.append(_decode_batch(self.batch_id, self.rows, masked, tokens))
         for batch_id, rows in self.joining:
@@ -439,13 +479,39 @@ class ReplicaScheduler:
         # Joined or lost with this call either way: Decode consumes the batches it is given.
         self.joining = []
         request = lm_pb2.DecodeRequest(batches=batches, tokens_per_row=tokens if tokens > 1 else 0)
+        if steps > 1:
+            request.greedy_steps = steps
+            request.stop_token_ids.extend(_stop_ids(every, self.model.eos_token_ids))
         reply = (await self._lm_step("Decode", decode=request)).decode
         self.batch_id = reply.batch_id
         self.steps += 1
+        ran = len(reply.output.rows[0].greedy_ids) if steps > 1 and reply.output.rows else 1
+        metrics.DECODE_BURST.labels(self.model.name, self.replica.address).observe(ran)
+        if reply.timing.total_us and ran:
+            step_s = reply.timing.total_us / 1e6 / ran
+            self.step_s = step_s if self.step_s is None else self.step_s + STEP_TIME_WEIGHT * (step_s - self.step_s)
         return reply
+
+    def _burst(self, rows: list[Row]) -> int:
+        """Greedy steps for the next Decode: 1 unless every row may burst and nobody waits to join."""
+        burst = min(self.greedy_burst, self.replica.max_greedy_steps)
+        # A request that could join now (one that arrived during admission) should not wait for a burst.
+        joinable = bool(self.waiting) and len(rows) + self.waiting[0].rows <= self.max_rows
+        if burst <= 1 or joinable or self.step_s is None or not all(_bursts(row) for row in rows):
+            return 1
+        if self.step_s > 0:
+            burst = min(burst, int(self.greedy_burst_s / self.step_s))
+        # No row may pass the context length (its KV holds its prompt and all but its pending token), and
+        # steps past the longest remaining max_tokens would only be dropped.
+        room = min(self.model.context_length - len(row.request.prompt_ids) - len(row.generated) for row in rows)
+        wanted = max(row.request.max_tokens - len(row.generated) for row in rows)
+        return max(1, min(burst, room, wanted))
 
     async def _accept_step(self, reply: lm_pb2.DecodeResponse) -> list[Row]:
         output = reply.output
+        if output.rows and output.rows[0].greedy_ids:
+            self._accept_burst(output)
+            return list(self.rows)
         await self._accept(
             self.rows, logits_matrix(output), [r.logits_row for r in output.rows], [r.argmax for r in output.rows]
         )
@@ -470,6 +536,18 @@ class ReplicaScheduler:
             group.pending = group.search.step(logits[[index[p] for p in where]])
             if group.search.done:
                 await self._finish_beams(group)
+
+    def _accept_burst(self, output: lm_pb2.BatchOutput) -> None:
+        """Take each row's tokens of a greedy burst, in order, until the row finishes (the lm ran them all:
+        tokens after a row's end are dropped, and the row leaves the batch next step)."""
+        now = time.monotonic()
+        for row, out in zip(self.rows, output.rows, strict=True):
+            for token in out.greedy_ids:
+                if row.finished:
+                    break
+                row.pending_token = None  # the lm fed every token of the burst but the last
+                row.sampling.context.append(token)
+                self._take_token(row, token, now)
 
     def _take(self, row: Sequence, result, k: int, now: float) -> None:
         if row.finished:  # a stop string matched while this step ran; the row leaves next step

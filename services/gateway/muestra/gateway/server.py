@@ -105,6 +105,8 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
     ) -> None:
         if config.constraint_mask not in ("lm", "gateway"):
             raise ValueError(f"--constraint-mask must be lm or gateway, got {config.constraint_mask!r}")
+        if not 1 <= config.greedy_burst <= 64:
+            raise ValueError(f"--greedy-burst must be between 1 and 64, got {config.greedy_burst}")
         self.config = config
         self.registry = registry
         self.samplers = samplers

@@ -110,6 +110,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             load=_load(self.engine.load()),
             max_batch_rows=self.engine.max_batch_rows,
             generation_config_json=info.generation_config_json,
+            max_greedy_steps=self.engine.max_greedy_steps,
         )
 
     async def Prefill(self, request, context) -> lm_pb2.PrefillResponse:

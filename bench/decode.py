@@ -213,7 +213,11 @@ def versus_llama_cpp(name: str, args, log_dir: Path) -> dict:
         theirs_runs = [llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]]
         ours_runs = []
         service, stream = ServiceLoop(onnx_dir, args.threads, log_dir), StreamLoop(onnx_dir, args.threads, log_dir)
-        loops = {"stream": stream, "service": service, "bare": SharedBufferLoop(onnx_dir, args.threads)}
+        # Greedy rows as the gateway runs them: args.burst steps per Decode over the stream.
+        burst = StreamLoop(onnx_dir, args.threads, log_dir, burst=args.burst)
+        loops = {
+            "burst": burst, "stream": stream, "service": service, "bare": SharedBufferLoop(onnx_dir, args.threads),
+        }  # fmt: skip
         try:
             for _ in range(args.rounds):
                 ours = {}
@@ -231,6 +235,7 @@ def versus_llama_cpp(name: str, args, log_dir: Path) -> dict:
         finally:
             service.close()
             stream.close()
+            burst.close()
 
         rows += versus_rows(precision, kind, ours_runs, theirs_runs)
     return {"llama_cpp": llama_cpp.SDIST, "rows": rows, "rounds": args.rounds}
@@ -258,9 +263,13 @@ def versus_rows(precision: str, kind: str, ours_runs: list[dict], theirs_runs: l
                 "past": past,
                 "llama_cpp": max(reference(run, batch, past) for run in theirs_runs),
                 **{k: max(run[batch, past][k] for run in ours_runs) for k in ours_runs[0][batch, past]},
-                "stream_round_ratios": [
-                    run[batch, past]["stream"] / ref for run, ref in zip(ours_runs, round_refs, strict=True)
-                ],
+                **{
+                    f"{key}_round_ratios": [
+                        run[batch, past][key] / ref for run, ref in zip(ours_runs, round_refs, strict=True)
+                    ]
+                    for key in ("burst", "stream")
+                    if key in ours_runs[0][batch, past]
+                },
             }
         )
     return rows
@@ -356,14 +365,19 @@ def _versus_markdown(results: list[dict], args, lines: list[str]) -> str:
             "",
         ]
         lines += [
-            "| ours | llama.cpp | batch | past | llama.cpp | lm over gRPC, BatchSteps stream | "
-            "lm over gRPC, unary Decode | bare loop | stream / llama.cpp, each round |",
-            "|---|---|---|---|---|---|---|---|---|",
+            f"| ours | llama.cpp | batch | past | llama.cpp | lm over gRPC, greedy bursts of {args.burst} | "
+            "lm over gRPC, BatchSteps stream | lm over gRPC, unary Decode | bare loop | "
+            "bursts / llama.cpp, each round | stream / llama.cpp, each round |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in r["versus"]["rows"]:
             ref = row["llama_cpp"]
-            cells = [f"{row[k]:.1f} ({row[k] / ref:.2f}x)" for k in ("stream", "service", "bare")]
-            cells.append(", ".join(f"{ratio:.2f}x" for ratio in row.get("stream_round_ratios", [])))
+            cells = [
+                f"{row[k]:.1f} ({row[k] / ref:.2f}x)" if k in row else ""
+                for k in ("burst", "stream", "service", "bare")
+            ]
+            for key in ("burst", "stream"):
+                cells.append(", ".join(f"{ratio:.2f}x" for ratio in row.get(f"{key}_round_ratios", [])))
             lines.append(
                 f"| {row['precision']} | {row['llama_cpp_type']} | {row['batch']} | {row['past']} | "
                 f"{ref:.1f} | " + " | ".join(cells) + " |"
@@ -385,6 +399,7 @@ def main() -> None:
     parser.add_argument("--only-versus", action="store_true", help="only the llama.cpp comparison")
     parser.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (builds it once: minutes)")
     parser.add_argument("--precisions", default="fp32,int8,int4", help="ours against llama.cpp, comma-separated")
+    parser.add_argument("--burst", type=int, default=8, help="greedy steps per Decode of the burst contender")
     parser.add_argument("--rounds", type=int, default=1, help="versus: rounds of ours, each between two llama.cpp runs")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()

@@ -104,10 +104,11 @@ def test_killing_a_replica_leaves_the_other_streaming_and_moves_what_had_not_sta
             await all_replicas_up(stack, stub)
             prompts = ["import os\n", "class A:\n", "x = [", "def f(a, b):\n", "# parse\n", "return self.", "if x:\n"]
             references = {p: await complete(stub, p) for p in prompts}
-            # One long stream on each replica: the least-loaded one takes a new prefix.
-            first = Stream(stub, "def long_one():\n", max_tokens=450)
+            # One long stream on each replica: the least-loaded one takes a new prefix. They sample, so they
+            # step a token per Decode (greedy rows alone would run in bursts and end before the kill).
+            first = Stream(stub, "def long_one():\n", max_tokens=450, sampler="sample")
             await first.started()
-            second = Stream(stub, "for i in range(10):\n", max_tokens=450)
+            second = Stream(stub, "for i in range(10):\n", max_tokens=450, sampler="sample")
             await second.started()
             await asyncio.sleep(0.3)
             killed_at = time.monotonic()
@@ -235,7 +236,7 @@ def test_a_stuck_replica_turns_the_gateway_not_serving_then_its_deadline_fails_t
         async with grpc.aio.insecure_channel(stack.gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             await all_replicas_up(stack, stub)
-            stream = Stream(stub, "def stuck():\n", max_tokens=400)
+            stream = Stream(stub, "def stuck():\n", max_tokens=400, sampler="sample")
             await stream.started()
             lm.pause()
             paused_at = time.monotonic()

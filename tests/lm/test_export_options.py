@@ -251,3 +251,35 @@ def test_corrupt_weights_give_a_clear_error(tiny_lm, tmp_path):
     with pytest.raises(ExportError, match="could not load a transformers causal LM"):
         export_lm(source, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_weight_gemms_become_matmuls_that_compute_the_same(trans_b):
+    """quantize.gemms_to_matmuls on a lone Gemm (with bias, either weight layout): onnxruntime gives the same
+    output before and after, and a transposed weight is stored once (its original is dropped)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from muestra.lm.export.quantize import gemms_to_matmuls
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((5, 4) if trans_b else (4, 5)).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="gemm", transB=trans_b)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+
+    def run(m):
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    before = run(model)
+    assert gemms_to_matmuls(model.graph) == 1
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Add"]
+    assert sorted(t.name for t in model.graph.initializer) == (["b", "w_transposed"] if trans_b else ["b", "w"])
+    np.testing.assert_allclose(run(model), before, rtol=1e-6, atol=1e-6)

@@ -29,7 +29,7 @@ from muestra.lm.export.families import (
 )
 from muestra.lm.export.fuse import fuse_for_decode
 from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention, kernel_rotary
-from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8, quantize_nbits
+from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8_dynamic, quantize_nbits
 from muestra.lm.export.simplify import constant_reshapes
 
 METADATA_FILE = "muestra_export.json"
@@ -305,7 +305,7 @@ def _quantize(
             before = checks.perplexity(checks.ort_session(fp32_path), eval_ids, "float32 perplexity")
     if kind == "int8-dynamic":
         with log.step("quantizing weights to int8 (onnxruntime quantize_dynamic)"):
-            external = quantize_int8(fp32_path, quant_path, EXTERNAL_DATA_THRESHOLD)
+            external = quantize_int8_dynamic(fp32_path, quant_path, EXTERNAL_DATA_THRESHOLD)
         fields["quantization"] = {"method": "quantize_dynamic", "bits": 8, "batch_invariant": False}
     else:
         how = f"block {nbits['block_size']}, accuracy level {nbits['accuracy_level']}"

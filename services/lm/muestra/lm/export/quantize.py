@@ -18,7 +18,7 @@ import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 
-def quantize_int8(fp32_path: Path, int8_path: Path, external_threshold: int) -> bool:
+def quantize_int8_dynamic(fp32_path: Path, int8_path: Path, external_threshold: int) -> bool:
     """Write int8_path (MatMul/Gemm weights as int8, activations quantized per call over the whole batch);
     returns whether external."""
     external = fp32_path.with_name(fp32_path.name + ".data").exists() or fp32_path.stat().st_size > external_threshold
@@ -53,7 +53,7 @@ def gemms_to_matmuls(graph: onnx.GraphProto) -> int:
     from onnx import helper, numpy_helper
 
     weights = {t.name: t for t in graph.initializer}
-    rewritten, nodes = 0, []
+    rewritten, nodes, transposed_from = 0, [], set()
     for node in graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if (
@@ -67,6 +67,7 @@ def gemms_to_matmuls(graph: onnx.GraphProto) -> int:
             continue
         weight = node.input[1]
         if attrs.get("transB", 0):
+            transposed_from.add(weight)
             transposed = numpy_helper.to_array(weights[weight]).T.copy()
             weight = f"{weight}_transposed"
             graph.initializer.append(numpy_helper.from_array(transposed, weight))
@@ -78,6 +79,11 @@ def gemms_to_matmuls(graph: onnx.GraphProto) -> int:
         rewritten += 1
     del graph.node[:]
     graph.node.extend(nodes)
+    # A weight that only transposed Gemms read is now stored transposed: drop the original.
+    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    unused = [t for t in graph.initializer if t.name in transposed_from and t.name not in used]
+    for tensor in unused:
+        graph.initializer.remove(tensor)
     return rewritten
 
 

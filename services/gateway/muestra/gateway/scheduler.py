@@ -464,11 +464,8 @@ class ReplicaScheduler:
         batches = []
         # Rows with constraints send their kinds (which change on forced tokens) and, when the lm applies
         # them, their masks with every step; so does every row of their batches.
-        masked = any(
-            isinstance(r, Sequence) and r.sampling.constraint is not None
-            for r in (*self.rows, *(r for _, rows in self.joining for r in rows))
-        )
         every = [*self.rows, *(r for _, rows in self.joining for r in rows)]
+        masked = any(isinstance(r, Sequence) and r.sampling.constraint is not None for r in every)
         tokens = _tokens_per_row(every)
         steps = self._burst(every)
         if self.batch_id:

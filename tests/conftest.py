@@ -25,6 +25,7 @@ pytest_plugins = [
     "tests.fixtures.openai_stack",
     "tests.fixtures.prefix_cache",
     "tests.fixtures.structured",
+    "tests.fixtures.default_model",
 ]
 
 

@@ -1,0 +1,113 @@
+"""The default text model, SmolLM2-135M-Instruct imported from its GGUF by `make default-model`, end to end
+through the real tokenizer, lm and gateway processes.
+
+The reference is transformers on the same GGUF file: it loads the dequantized weights, and its greedy
+generate() gives the tokens the stack must give for a chat, prompt template included.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from muestra.client import Client
+from tests.fixtures.default_model import SOURCE_GGUF, default_model_or_skip
+
+CHATS = {
+    "capital": [{"role": "user", "content": "What is the capital of France?"}],
+    "haiku": [{"role": "user", "content": "Write a haiku about the sea."}],
+    "system": [
+        {"role": "system", "content": "You are a concise assistant. Answer in one sentence."},
+        {"role": "user", "content": "Why is the sky blue?"},
+    ],
+}
+GREEDY_TOKENS = 24
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 32},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def stack(default_model_stack):
+    return default_model_stack
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' model and tokenizer, both read from the GGUF the default model was imported from."""
+    default_model_or_skip()
+    folder, name = SOURCE_GGUF.parent, SOURCE_GGUF.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def transformers_greedy(reference, chat: list[dict], steps: int) -> tuple[list[int], list[int]]:
+    """(prompt ids, greedy ids) from transformers; the ids end at the first EOS, as muestra's do."""
+    model, tokenizer = reference
+    prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    ids = prompt["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps, do_sample=False)
+    generated = out[0, ids.shape[1] :].tolist()
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    ends = [i for i, token in enumerate(generated) if token in eos_ids]
+    return ids[0].tolist(), generated[: ends[0] + 1] if ends else generated
+
+
+@pytest.mark.parametrize("chat", CHATS.values(), ids=CHATS.keys())
+def test_greedy_chat_through_the_stack_equals_transformers_on_the_dequantized_gguf(stack, reference, chat):
+    prompt_ids, expected = transformers_greedy(reference, chat, GREEDY_TOKENS)
+    with Client(stack.gateway.address, timeout=120) as client:
+        assert list(client.tokenize(messages=chat).ids) == prompt_ids  # the same chat template and tokenizer
+        generation = client.generate(messages=chat, max_tokens=GREEDY_TOKENS, samplers=[{"name": "greedy"}]).wait()
+    assert generation.token_ids[0] == expected
+
+
+def test_it_knows_the_capital_of_france_through_the_openai_client(stack):
+    client = stack.openai()
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=32,
+        temperature=0,
+    )
+    assert "Paris" in reply.choices[0].message.content
+
+
+def test_a_required_tool_call_has_arguments_valid_against_the_tools_parameters(stack):
+    client = stack.openai()
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is the weather like in Paris today?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=64,
+        temperature=0,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert [call.function.name for call in choice.message.tool_calls] == ["get_weather"]
+    arguments = json.loads(choice.message.tool_calls[0].function.arguments)
+    jsonschema.validate(arguments, WEATHER["function"]["parameters"])

@@ -46,7 +46,7 @@ proto-check: $(STAMP)         ## fail if the committed stubs are stale
 
 models: models-text models-image ## rebuild the default models from scratch (CPU only, no downloads)
 
-models-text: $(STAMP)         ## retrain models/muestra-text: tokenizer, then the Llama (25 min of one CPU core)
+models-text: $(STAMP)         ## retrain models/tiny-text-fixture: tokenizer, then the Llama (25 min of one CPU core)
 	$(PY) models/train_tokenizer.py
 	nice -n 19 $(PY) models/train_text_model.py
 

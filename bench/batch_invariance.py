@@ -1,6 +1,6 @@
 """Is a row's logits independent of the other rows in its lm batch? Bitwise, step by step.
 
-    .venv/bin/python bench/batch_invariance.py                          # the default model
+    .venv/bin/python bench/batch_invariance.py                          # the tiny text fixture
     .venv/bin/python bench/batch_invariance.py --model DIR --steps 40 --threads 1 --no-opt
 
 A target row (a fixed prompt, then fixed next tokens, so every run feeds it the same ids) is
@@ -193,7 +193,7 @@ def op_table(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=ROOT / "models" / "muestra-text", help="lm model folder")
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "tiny-text-fixture", help="lm model folder")
     parser.add_argument("--steps", type=int, default=40, help="decode steps after the prefill")
     parser.add_argument("--length", type=int, default=21, help="target prompt length")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: onnxruntime's default)")

@@ -8,7 +8,7 @@ It prints, in one run:
 2. lm decode tokens/s over gRPC at batch 1, 8 and 32 for the bench's 124M models exported in
    float16 (fused layout: one KV buffer per layer kept on the device as CUDA OrtValues, bound as
    both past and present), beside a bare onnxruntime CUDA loop over the same graph;
-3. whether the default text model's greedy tokens on CUDA equal the CPU run's, prompt by prompt;
+3. whether the tiny text fixture's greedy tokens on CUDA equal the CPU run's, prompt by prompt;
 4. the diffusion service on CUDA in float16 against the same service on CPU in float32, for the
    same seed (the noise comes from a CPU generator): the mean and largest pixel difference and
    the PSNR, against the tolerance stated below.
@@ -98,12 +98,12 @@ def lm_decode(args, log_dir: Path) -> list[dict]:
 
 
 def greedy_equal(args, log_dir: Path) -> bool:
-    """The default text model's greedy continuation of each prompt, CUDA against CPU."""
+    """The tiny text fixture's greedy continuation of each prompt, CUDA against CPU."""
     from tokenizers import Tokenizer
 
     from bench.decode_loops import ServiceLoop
 
-    model = ROOT / "models" / "muestra-text"
+    model = ROOT / "models" / "tiny-text-fixture"
     tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
     runs = {}
     for providers in (GPU["lm"], "cpu"):

@@ -1,14 +1,14 @@
 """Choose the grammar engine by measurement: llguidance against xgrammar, on three tokenizers.
 
     .venv/bin/python bench/grammar_engines.py                     # both engines, three tokenizers
-    .venv/bin/python bench/grammar_engines.py --engines llguidance --tokenizers muestra-text --tiny
+    .venv/bin/python bench/grammar_engines.py --engines llguidance --tokenizers tiny-text-fixture --tiny
 
 xgrammar imports torch (and wants transformers and triton), which the gateway must never import, so
 it has its own venv, and the bench runs each engine in a subprocess of its venv:
 
     python -m venv .venv-xgrammar && .venv-xgrammar/bin/pip install -r bench/requirements-xgrammar.txt
 
-Tokenizers: the default text model's 4,096-token byte-level BPE; a 32,000-token Llama-2-style BPE
+Tokenizers: the tiny text fixture's 4,096-token byte-level BPE; a 32,000-token Llama-2-style BPE
 (metaspace, byte fallback; bench/llama_cpp.py's, with the byte tokens as plain vocabulary as in Llama
 2's own tokenizer.json); a 50,257-token GPT-2-style byte-level BPE. The last two are trained on
 CPython's standard library once and cached in bench/decode_models.py's cache folder.
@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 
 VENVS = {"llguidance": ROOT / ".venv", "xgrammar": ROOT / ".venv-xgrammar"}
 TOKENIZERS = {  # name: (tokenizer vocabulary size, EOS token)
-    "muestra-text": (4096, "<|eos|>"),
+    "tiny-text-fixture": (4096, "<|eos|>"),
     "llama-32k": (32000, "</s>"),
     "gpt2-50k": (50257, "<|endoftext|>"),
 }
@@ -336,10 +336,10 @@ def measure(engine_name: str, tokenizer_file: Path, eos_token: str, repeats: int
 
 
 def tokenizer_file(name: str) -> Path:
-    """The tokenizer.json of `name`, trained once and cached (the default model's is in the repository)."""
+    """The tokenizer.json of `name`, trained once and cached (the tiny text fixture's is in the repository)."""
     vocab_size, eos = TOKENIZERS[name]
-    if name == "muestra-text":
-        return ROOT / "models" / "muestra-text" / "tokenizer.json"
+    if name == "tiny-text-fixture":
+        return ROOT / "models" / "tiny-text-fixture" / "tokenizer.json"
     import tokenizers
 
     recipe = f"{name} {sys.version} tokenizers {tokenizers.__version__} v1"

@@ -6,9 +6,9 @@
     stack.close()
 
 Every service keeps its port across restarts, so the gateway's configured addresses stay valid.
-Services run the default models from models/ unless others are given, configured as `muestra up`
-configures them: an internal token between services, one cache key, a Redis password (all fresh
-per stack, passed in the environment and on Redis's standard input).
+Services run models/tiny-text-fixture (the tests' text model) and models/muestra-image unless others
+are given, configured as `muestra up` configures them: an internal token between services, one cache
+key, a Redis password (all fresh per stack, passed in the environment and on Redis's standard input).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from tests.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TEXT_MODEL = ROOT / "models" / "muestra-text"
+TEXT_FIXTURE = ROOT / "models" / "tiny-text-fixture"
 DEFAULT_IMAGE_MODEL = ROOT / "models" / "muestra-image"
 
 
@@ -165,7 +165,7 @@ class LocalStack:
         self,
         log_dir: Path,
         lm_replicas: int = 1,
-        text_model: Path = DEFAULT_TEXT_MODEL,
+        text_model: Path = TEXT_FIXTURE,
         image_model: Path | None = DEFAULT_IMAGE_MODEL,
         redis: bool = True,
         gateway_args: tuple[str, ...] = (),

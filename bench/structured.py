@@ -1,7 +1,7 @@
 """Structured generation: what a JSON Schema constraint costs, through the real stack.
 
-    .venv/bin/python bench/structured.py                          # gpt2-124m and the default model
-    .venv/bin/python bench/structured.py --models default --repeats 2
+    .venv/bin/python bench/structured.py                          # gpt2-124m and the tiny text fixture
+    .venv/bin/python bench/structured.py --models tiny-text-fixture --repeats 2
 
 Per model, with a realistic JSON Schema of ten fields, in one run with the contenders interleaved
 round by round (each figure is the best of --repeats rounds; ratios are of figures from one run):
@@ -42,7 +42,7 @@ from bench.llama_cpp import llama_tokenizer  # noqa: E402
 from muestra.client import Client  # noqa: E402
 from tests.harness import ServiceProcess, free_port  # noqa: E402
 
-DEFAULT_TEXT_MODEL = ROOT / "models" / "muestra-text"
+TEXT_FIXTURE = ROOT / "models" / "tiny-text-fixture"
 PROMPT = "Describe the customer as JSON:"
 STREAMS = (1, 8)
 # Every string and number is bounded: a random model greedily writes a float's digits, or a string, forever.
@@ -201,7 +201,7 @@ def engine_costs(folder: Path, replay: list[int], vocab: int, eos: list[int]) ->
 
 
 def bench_model(name: str, args, work: Path) -> dict:
-    folder = gpt2_folder(work) if name == "gpt2-124m" else DEFAULT_TEXT_MODEL
+    folder = gpt2_folder(work) if name == "gpt2-124m" else TEXT_FIXTURE
     config = json.loads((folder / "config.json").read_text())
     stack = Stack(folder, args.threads, work)
     try:
@@ -305,7 +305,9 @@ def markdown(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["gpt2-124m", "default"], choices=["gpt2-124m", "default"])
+    parser.add_argument(
+        "--models", nargs="+", default=["gpt2-124m", "tiny-text-fixture"], choices=["gpt2-124m", "tiny-text-fixture"]
+    )
     parser.add_argument("--max-tokens", type=int, default=400, help="cap of a constrained completion")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")

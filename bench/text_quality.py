@@ -1,6 +1,6 @@
-"""Held-out perplexity of the default text model's exported ONNX graph against a unigram baseline, and samples.
+"""Held-out perplexity of the tiny text fixture's exported ONNX graph against a unigram baseline, and samples.
 
-    .venv/bin/python -m bench.text_quality [--model models/muestra-text ...] [--samples 4] [--speed]
+    .venv/bin/python -m bench.text_quality [--model models/tiny-text-fixture ...] [--samples 4] [--speed]
 
 The held-out text is text_corpus.py's evaluation split (whole stdlib modules the model never saw),
 tokenized with the model's own tokenizer, documents joined by <|eos|> as in training, cut into
@@ -136,7 +136,7 @@ def decode_speeds(folders: list[Path], threads: int, ids: np.ndarray) -> dict[Pa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, action="append", help="model folder(s); default models/muestra-text")
+    parser.add_argument("--model", type=Path, action="append", help="model folder(s); default models/tiny-text-fixture")
     parser.add_argument("--samples", type=int, default=len(PROMPTS), help="how many prompts to sample from")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
@@ -144,7 +144,7 @@ def main() -> None:
         "--speed", action="store_true", help="also time each model's batch-1 decode through the lm over gRPC"
     )
     args = parser.parse_args()
-    folders = args.model or [REPO / "models" / "muestra-text"]
+    folders = args.model or [REPO / "models" / "tiny-text-fixture"]
 
     import onnxruntime as ort
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/tokenize.py [--docs 1000] [--doc-bytes 2048] [--repeats 5]
 
 Encodes the same documents (about 2 KB each, cut from CPython's pydoc_data/topics.py) with the
-default tokenizer (models/muestra-text) both ways in one run, and prints docs/s, MB/s and the
+tokenizer of models/tiny-text-fixture both ways in one run, and prints docs/s, MB/s and the
 ratio gRPC / in-process as a markdown table. The service runs as a subprocess on loopback; the
 client sends the documents in calls of `batch` documents with `in flight` calls outstanding.
 Each figure is the best of --repeats rounds; every round runs every way once, in turn.
@@ -32,7 +32,7 @@ from tokenizers import Tokenizer
 
 from muestra.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
-MODEL = Path(__file__).resolve().parent.parent / "models" / "muestra-text"
+MODEL = Path(__file__).resolve().parent.parent / "models" / "tiny-text-fixture"
 # (documents per Encode call, calls in flight at once)
 CALL_SHAPES = ((1000, 1), (250, 1), (100, 1), (100, 2), (100, 4), (50, 4))
 

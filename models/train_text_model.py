@@ -1,6 +1,6 @@
-"""Train muestra's default text model from scratch on CPU and export it into models/muestra-text/.
+"""Train the tiny text fixture's Llama from scratch on CPU and export it into models/tiny-text-fixture/.
 
-    .venv/bin/python models/train_text_model.py [--out models/muestra-text] [--steps N]
+    .venv/bin/python models/train_text_model.py [--out models/tiny-text-fixture] [--steps N]
     make models-text          # the tokenizer first (models/train_tokenizer.py), then this
 
 A small Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention) on the tokenizer already in --out,
@@ -266,7 +266,7 @@ def train_from_scratch(tokenizer_dir: Path, settings: TrainSettings, checkpoint:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "muestra-text", help="folder holding the tokenizer")
+    parser.add_argument("--out", type=Path, default=HERE / "tiny-text-fixture", help="folder holding the tokenizer")
     parser.add_argument("--steps", type=int, default=TrainSettings.steps)
     parser.add_argument("--batch-size", type=int, default=TrainSettings.batch_size)
     parser.add_argument("--learning-rate", type=float, default=TrainSettings.learning_rate, help="peak rate")

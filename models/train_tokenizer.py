@@ -1,6 +1,6 @@
-"""Train muestra's default text tokenizer and write it to models/muestra-text/.
+"""Train the tiny text fixture's tokenizer and write it to models/tiny-text-fixture/.
 
-    python models/train_tokenizer.py [--out models/muestra-text]
+    python models/train_tokenizer.py [--out models/tiny-text-fixture]
 
 A byte-level BPE (vocab 4096, special tokens <|bos|>, <|eos|>, <|pad|>) trained on the text of
 CPython's `pydoc_data/topics.py`, which ships with every Python, so no download is needed. The
@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 VOCAB_SIZE = 4096
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
-MODEL_MAX_LENGTH = 512  # the default text model's context (max_position_embeddings)
+MODEL_MAX_LENGTH = 512  # the tiny text fixture's context (max_position_embeddings)
 CORPUS_SHA256 = "abaa56a64551d8eead1b19cbae3c6db443f99f0cab81df07bed3cb75c0db9346"
 
 # ChatML's shape, with <|bos|> opening a turn and <|eos|> closing it (so generation stops at EOS).
@@ -96,7 +96,7 @@ def write(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "muestra-text")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "tiny-text-fixture")
     args = parser.parse_args(argv)
     digest = hashlib.sha256(corpus_path().read_bytes()).hexdigest()
     if digest != CORPUS_SHA256:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 MUESTRA = [sys.executable, "-m", "muestra.cli"]
+# The text model `muestra up` gets in the tests (--text-model): the default one is built, never needed here.
+TEXT_FIXTURE = Path(__file__).resolve().parents[2] / "models" / "tiny-text-fixture"
 
 
 @pytest.fixture(autouse=True)

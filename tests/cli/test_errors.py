@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.cli.conftest import MUESTRA, assert_fails_in_one_line, muestra
+from tests.cli.conftest import MUESTRA, TEXT_FIXTURE, assert_fails_in_one_line, muestra
 from tests.harness import free_port
 
 
@@ -125,7 +125,7 @@ def test_up_with_a_taken_lm_port_is_one_line(tmp_path):
         holder.listen()
         result = muestra(
             "up", "--base-port", str(base), "--http-port", str(free_port()), "--only", "tokenizer,lm",
-            "--log-dir", str(tmp_path / "logs"), timeout=60,
+            "--text-model", str(TEXT_FIXTURE), "--log-dir", str(tmp_path / "logs"), timeout=60,
         )  # fmt: skip
     line = assert_fails_in_one_line(result)
     assert f"port {base + 2} (lm)" in line and "taken" in line

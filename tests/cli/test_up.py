@@ -14,18 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import MUESTRA
+from tests.cli.conftest import MUESTRA, TEXT_FIXTURE
 from tests.harness import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def start_up(
-    tmp_path: Path, *args: str, env: dict | None = None
+    tmp_path: Path, *args: str, env: dict | None = None, text_model: Path = TEXT_FIXTURE
 ) -> tuple[subprocess.Popen, dict[str, tuple[str, int]], list[str]]:
-    """Run `muestra up` until it reports healthy; return it, {service: (address, pid)} and its output."""
+    """Run `muestra up` on text_model until it reports healthy; return it, {service: (address, pid)} and its output."""
+    command = [*MUESTRA, "up", "--base-port", "0", "--log-dir", str(tmp_path / "logs"), "--text-model", str(text_model)]
     proc = subprocess.Popen(
-        [*MUESTRA, "up", "--base-port", "0", "--log-dir", str(tmp_path / "logs"), *args],
+        [*command, *args],
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -70,7 +71,7 @@ def alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-def test_up_serves_the_default_models_and_stops_cleanly_on_ctrl_c(tmp_path):
+def test_up_serves_its_models_and_stops_cleanly_on_ctrl_c(tmp_path):
     proc, services, lines = start_up(tmp_path)
     try:
         assert {"tokenizer", "lm", "gateway"} <= set(services), "\n".join(lines)
@@ -181,9 +182,9 @@ def test_the_official_openai_streaming_example_runs_against_up(tmp_path):
 
 def test_up_fails_fast_showing_the_dead_services_log(tmp_path):
     broken = tmp_path / "broken-model"
-    shutil.copytree(REPO / "models" / "muestra-text", broken)
+    shutil.copytree(TEXT_FIXTURE, broken)
     (broken / "model.onnx").write_bytes(b"this is not an onnx file")
-    proc, services, lines = start_up(tmp_path, "--text-model", str(broken), "--only", "tokenizer,lm")
+    proc, services, lines = start_up(tmp_path, "--only", "tokenizer,lm", text_model=broken)
     rest = finish(proc)
     output = "\n".join(lines) + rest
     assert proc.returncode == 1

@@ -23,7 +23,7 @@ def client(request, text_stack):
     address = (
         text_stack("llama").gateway.address
         if request.param == "tiny-llama"
-        else request.getfixturevalue("default_text_stack").address
+        else request.getfixturevalue("text_fixture_stack").address
     )
     with Client(address, timeout=300) as c:
         yield c

@@ -33,18 +33,18 @@ def test_the_listed_kinds_are_the_registered_ones():
     assert sorted(listed) == ConstraintRegistry.load(env={}).names()
 
 
-def test_the_client_example_runs(default_text_stack):
+def test_the_client_example_runs(text_fixture_stack):
     example = next(block for block in blocks("python") if "muestra.client" in block)
-    code = example.replace("127.0.0.1:50051", default_text_stack.address)
+    code = example.replace("127.0.0.1:50051", text_fixture_stack.address)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     text = result.stdout.rsplit(" ", 2)[0]
     jsonschema.validate(json.loads(text), {"type": "object", "required": ["name", "age"]})
 
 
-def test_the_command_line_examples_run(default_text_stack, tmp_path):
+def test_the_command_line_examples_run(text_fixture_stack, tmp_path):
     script = blocks("sh")[0].replace(".venv/bin/muestra", f"{shlex.quote(sys.executable)} -m muestra.cli")
-    env = {"MUESTRA_GATEWAY_ADDR": default_text_stack.address, "PATH": "/usr/bin:/bin"}
+    env = {"MUESTRA_GATEWAY_ADDR": text_fixture_stack.address, "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
         ["bash", "-e", "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
     )

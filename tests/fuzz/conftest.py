@@ -1,4 +1,4 @@
-"""The fuzz runs' stack (the default models, Redis, one lm, diffusion, a gateway with HTTP) and their tally.
+"""The fuzz runs' stack (the text fixture, the image model, Redis, one lm, diffusion, an HTTP gateway) and their tally.
 
 MUESTRA_FUZZ_EXAMPLES sets the examples per test (CI's default is small; a long run: 2000).
 The counts by outcome per surface are printed at the end of the run, and written as JSON to
@@ -18,11 +18,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, settings
 
-from bench.stack import LocalStack
+from bench.stack import TEXT_FIXTURE, LocalStack
 from muestra.runtime.channels import metadata_interceptors
 from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
-TEXT_MODEL = "muestra-text"
+TEXT_MODEL = TEXT_FIXTURE.name
 IMAGE_MODEL = "muestra-image"
 
 EXAMPLES = int(os.environ.get("MUESTRA_FUZZ_EXAMPLES", "40"))

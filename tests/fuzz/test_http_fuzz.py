@@ -24,7 +24,7 @@ from muestra.gateway.openai.schemas import (
     SamplerStep,
     StreamOptions,
 )
-from tests.fuzz.conftest import FUZZ, tally, unharmed
+from tests.fuzz.conftest import FUZZ, TEXT_MODEL, tally, unharmed
 from tests.fuzz.protofuzz import json_values
 
 pytestmark = pytest.mark.slow
@@ -32,9 +32,9 @@ HANG_S = 60.0
 ALLOWED = {200, 400, 404, 413, 415, 422, 429}
 
 BASES = {
-    "/v1/completions": {"model": "muestra-text", "prompt": "def f(x):\n", "max_tokens": 6, "seed": 1},
+    "/v1/completions": {"model": TEXT_MODEL, "prompt": "def f(x):\n", "max_tokens": 6, "seed": 1},
     "/v1/chat/completions": {
-        "model": "muestra-text", "messages": [{"role": "user", "content": "Hola"}], "max_tokens": 6, "seed": 1,
+        "model": TEXT_MODEL, "messages": [{"role": "user", "content": "Hola"}], "max_tokens": 6, "seed": 1,
     },
     "/v1/images/generations": {"model": "muestra-image", "prompt": "a seven", "n": 1, "steps": 2, "seed": 1},
 }  # fmt: skip

@@ -1,5 +1,5 @@
 """Structured outputs over the OpenAI HTTP API: response_format (json_object, json_schema) and vLLM's guided_* and
-structured_outputs fields, with the official `openai` client against the default model's real stack.
+structured_outputs fields, with the official `openai` client against the text fixture's real stack.
 
 Sampled completions are checked one by one: every choice that ends with `stop` is valid (json.loads and
 jsonschema, re.fullmatch, one of the choices, the grammar's language); one cut by max_tokens is left alone.
@@ -56,8 +56,8 @@ class Person(pydantic.BaseModel):
 
 
 @pytest.fixture(scope="module")
-def stack(default_tools_stack):
-    return default_tools_stack
+def stack(text_fixture_tools_stack):
+    return text_fixture_tools_stack
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
-"""Tool calling over the OpenAI HTTP API with the official `openai` client, against the default model's real stack
+"""Tool calling over the OpenAI HTTP API with the official `openai` client, against the text fixture's real stack
 (its tokenizer with a Hermes-style template that renders tools, HERMES_TOOLS_TEMPLATE).
 
-The default model was never trained on tool calls: with tool_choice auto it answers in text, so the calls it
+The text fixture was never trained on tool calls: with tool_choice auto it answers in text, so the calls it
 makes are the ones `required` or a named function hold it to. Their arguments must be valid all the same.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from muestra.gateway.openai.tools import ToolCallDeltas, message_with_calls
 from muestra.gateway.tool_calls import CALL_END, CALL_START, SEPARATOR, TRIGGER, tool_call_grammar
 from muestra.v1 import common_pb2, gateway_pb2
-from tests.fixtures.structured import DEFAULT_TEXT_MODEL
+from tests.fixtures.structured import TEXT_FIXTURE
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris, and what time is it?"}]
 WEATHER = {
@@ -72,8 +72,8 @@ class GetWeather(pydantic.BaseModel):
 
 
 @pytest.fixture(scope="module")
-def stack(default_tools_stack):
-    return default_tools_stack
+def stack(text_fixture_tools_stack):
+    return text_fixture_tools_stack
 
 
 @pytest.fixture(scope="module")
@@ -262,12 +262,12 @@ def test_earlier_calls_and_answers_reach_the_template(client, stack):
     assert reply.usage.prompt_tokens > shorter.usage.prompt_tokens > 0
 
 
-# -- the format's grammar and reader, on the default model's tokenizer ------------------------------------
+# -- the format's grammar and reader, on the text fixture's tokenizer ------------------------------------
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return llguidance.LLTokenizer((DEFAULT_TEXT_MODEL / "tokenizer.json").read_text())
+    return llguidance.LLTokenizer((TEXT_FIXTURE / "tokenizer.json").read_text())
 
 
 def accepts(tokenizer, grammar: str, text: str) -> tuple[bool, bool]:

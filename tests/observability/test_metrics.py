@@ -13,6 +13,7 @@ import httpx2 as httpx
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.stack import TEXT_FIXTURE
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -69,7 +70,7 @@ def scrape_all(stack) -> dict[str, dict]:
 def _chat(stack, content: str, max_tokens: int, **extra) -> None:
     client = OpenAI(base_url=stack.base_url, api_key="unused")
     stream = client.chat.completions.create(
-        model="muestra-text", messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
+        model=TEXT_FIXTURE.name, messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
         stream=True, extra_body={"ignore_eos": True, **extra},
     )  # fmt: skip
     for _ in stream:

@@ -7,7 +7,9 @@ import time
 import httpx2 as httpx
 from openai import OpenAI
 
-TEXT_MODEL = "muestra-text"
+from bench.stack import TEXT_FIXTURE
+
+TEXT_MODEL = TEXT_FIXTURE.name
 
 
 def _lines(process, needle: str) -> list[str]:

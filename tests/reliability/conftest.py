@@ -1,4 +1,4 @@
-"""Stacks of real processes for the reliability tests: the default text model, killable services."""
+"""Stacks of real processes for the reliability tests: models/tiny-text-fixture, killable services."""
 
 from __future__ import annotations
 

@@ -8,17 +8,19 @@ wrong text to the wrong rows and, sooner or later, a read that never completed: 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import grpc
 import pytest
 
-from bench.stack import LocalStack, Process
+from bench.stack import TEXT_FIXTURE, LocalStack, Process
 from bench.workload import Spec, Workload, check_text
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.reliability.stutter import stuttering
 
 pytestmark = pytest.mark.slow
+EOS_TOKEN = json.loads((TEXT_FIXTURE / "special_tokens_map.json").read_text())["eos_token"]
 
 SAMPLING = [
     [{"name": "temperature", "params": {"temperature": 0.9}}, {"name": "sample"}],
@@ -95,7 +97,7 @@ def visible(tokens: list[str]) -> str | None:
     """The text that logprob entries name, or None where single tokens cannot spell it (split UTF-8)."""
     if any("\ufffd" in t for t in tokens):
         return None
-    return "".join(t for t in tokens if t != "<|eos|>")
+    return "".join(t for t in tokens if t != EOS_TOKEN)
 
 
 def test_streamed_http_chat_deltas_with_n_2_and_logprobs_are_each_choices_own_tokens(one_replica):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import grpc
 import pytest
@@ -12,8 +11,6 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from muestra.client import Client
 from tests.harness import ServiceProcess
-
-DEFAULT_TEXT_MODEL = Path(__file__).resolve().parents[2] / "models" / "muestra-text"
 
 
 def reflected_services(address: str) -> set[str]:

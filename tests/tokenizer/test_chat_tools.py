@@ -15,7 +15,7 @@ from muestra.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tests.fixtures.tokenizers import HERMES_TOOLS_TEMPLATE
 from tests.harness import ServiceProcess
 
-DEFAULT_TEXT_MODEL = Path(__file__).resolve().parents[2] / "models" / "muestra-text"
+TEXT_FIXTURE = Path(__file__).resolve().parents[2] / "models" / "tiny-text-fixture"
 
 WEATHER = {
     "type": "function",
@@ -54,11 +54,11 @@ CONVERSATIONS = {
 
 @pytest.fixture(scope="module")
 def tools_folder(tmp_path_factory) -> Path:
-    """The default model's tokenizer with a Hermes-style template that renders tools."""
+    """The text fixture's tokenizer with a Hermes-style template that renders tools."""
     folder = tmp_path_factory.mktemp("tools-tokenizer") / "hermes"
     folder.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(DEFAULT_TEXT_MODEL / name, folder / name)
+        shutil.copy(TEXT_FIXTURE / name, folder / name)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(config))

@@ -15,9 +15,9 @@ from muestra.tokenizer.loader import parse_models
 
 
 def test_models_are_named_explicitly_or_after_their_folder():
-    assert parse_models("chat=/m/llama, /m/muestra-text ,, other=rel/dir") == [
+    assert parse_models("chat=/m/llama, /m/tiny-text-fixture ,, other=rel/dir") == [
         ("chat", Path("/m/llama")),
-        ("muestra-text", Path("/m/muestra-text")),
+        ("tiny-text-fixture", Path("/m/tiny-text-fixture")),
         ("other", Path("rel/dir")),
     ]
 

@@ -1,7 +1,7 @@
-"""The default text model shipped in models/muestra-text: served by the real lm and tokenizer services, small, trained.
+"""The tests' text model, models/tiny-text-fixture: served by the real lm and tokenizer services, small, trained.
 
 The quality bar (held-out perplexity against a unigram model) takes minutes and lives in
-bench/text_quality.py; here are the properties every clone must keep.
+bench/text_quality.py; here are the properties every clone must keep (the tests that serve it rely on them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from muestra.v1 import lm_pb2, lm_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from tests.harness import ServiceProcess
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = REPO / "models" / "muestra-text"
+FIXTURE = REPO / "models" / "tiny-text-fixture"
 SIZE_LIMIT_BYTES = 20_000_000
 PROMPTS = ["The list", "Return the number of", "If the file does not exist,"]
 GREEDY_TOKENS = 24
@@ -30,13 +30,11 @@ GREEDY_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory):
-    """The tokenizer and lm services on the shipped folder, as `muestra up` starts them."""
-    log_dir = tmp_path_factory.mktemp("default-text-model")
-    tokenizer = ServiceProcess("tokenizer", ["--models", str(DEFAULT_MODEL)], log_dir)
+    """The tokenizer and lm services on the fixture's folder, as `muestra up --text-model` starts them."""
+    log_dir = tmp_path_factory.mktemp("tiny-text-fixture")
+    tokenizer = ServiceProcess("tokenizer", ["--models", str(FIXTURE)], log_dir)
     try:
-        lm = ServiceProcess(
-            "lm", ["--model", str(DEFAULT_MODEL), "--providers", "cpu", "--intra-op-threads", "1"], log_dir
-        )
+        lm = ServiceProcess("lm", ["--model", str(FIXTURE), "--providers", "cpu", "--intra-op-threads", "1"], log_dir)
     except BaseException:
         tokenizer.stop()
         raise
@@ -52,7 +50,7 @@ def stubs(tmp_path_factory):
 def session():
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    return ort.InferenceSession(str(DEFAULT_MODEL / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(FIXTURE / "model.onnx"), options, providers=["CPUExecutionProvider"])
 
 
 def forward(session: ort.InferenceSession, ids: list[int], past: dict, start: int) -> tuple[np.ndarray, dict]:
@@ -114,41 +112,42 @@ def test_greedy_continuation_through_the_services_equals_bare_onnxruntime(stubs,
     assert served == onnxruntime_greedy(session, prompt_ids, GREEDY_TOKENS)
     sequences = [tokenizer_pb2.TokenIds(ids=prompt_ids + served), tokenizer_pb2.TokenIds(ids=served)]
     full, continuation = tokenizer.Decode(tokenizer_pb2.DecodeTokensRequest(sequences=sequences)).texts
-    reference = Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json"))
+    reference = Tokenizer.from_file(str(FIXTURE / "tokenizer.json"))
     assert full == reference.decode(prompt_ids + served) == prompt + continuation
     assert "\ufffd" not in continuation and continuation.strip()
 
 
-def test_the_services_describe_the_shipped_configuration(stubs):
+def test_the_services_describe_the_fixtures_configuration(stubs):
     tokenizer, lm = stubs
     described = lm.Describe(lm_pb2.DescribeModelRequest())
-    config = json.loads((DEFAULT_MODEL / "config.json").read_text())
-    tokenizer_config = json.loads((DEFAULT_MODEL / "tokenizer_config.json").read_text())
-    assert described.model == "muestra-text"
+    config = json.loads((FIXTURE / "config.json").read_text())
+    tokenizer_config = json.loads((FIXTURE / "tokenizer_config.json").read_text())
+    assert described.model == FIXTURE.name
     assert described.context_length == config["max_position_embeddings"] == tokenizer_config["model_max_length"]
     assert (
         described.vocab_size
         == config["vocab_size"]
         == tokenizer.Describe(tokenizer_pb2.DescribeTokenizerRequest()).vocab_size
     )
+    eos_token = json.loads((FIXTURE / "special_tokens_map.json").read_text())["eos_token"]
     assert list(described.eos_token_ids) == [
-        Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json")).token_to_id("<|eos|>")
+        Tokenizer.from_file(str(FIXTURE / "tokenizer.json")).token_to_id(eos_token)
     ]
     assert described.kv.num_kv_heads == config["num_key_value_heads"] < config["num_attention_heads"]
 
 
 def test_it_is_a_llama_with_grouped_query_attention_and_a_sampling_default():
-    config = json.loads((DEFAULT_MODEL / "config.json").read_text())
+    config = json.loads((FIXTURE / "config.json").read_text())
     assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
     assert config["hidden_act"] == "silu" and config["num_key_value_heads"] < config["num_attention_heads"]
     assert 512 <= config["max_position_embeddings"] <= 1024
-    generation_config = json.loads((DEFAULT_MODEL / "generation_config.json").read_text())
+    generation_config = json.loads((FIXTURE / "generation_config.json").read_text())
     chain = [spec["name"] for spec in default_specs(generation_config)]
     assert chain == ["repetition_penalty", "temperature", "top_p", "sample"]
 
 
-def test_the_shipped_folder_is_at_most_20_mb():
-    files = [path for path in DEFAULT_MODEL.iterdir() if path.is_file()]
+def test_the_fixtures_folder_is_at_most_20_mb():
+    files = [path for path in FIXTURE.iterdir() if path.is_file()]
     assert {"model.onnx", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= {
         path.name for path in files
     }
@@ -157,7 +156,7 @@ def test_the_shipped_folder_is_at_most_20_mb():
 
 def test_it_is_trained_python_help_text_is_far_likelier_than_chance(session):
     # Help topics are training text, so this says "trained", not "generalizes" (bench/text_quality.py does that).
-    tokenizer = Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(FIXTURE / "tokenizer.json"))
     ids = tokenizer.encode(pydoc_data.topics.topics["typesseq-mutable"]).ids[:256]
     logits, past = forward(session, ids[:1], empty_past(session), 0)
     nll = 0.0

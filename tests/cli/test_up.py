@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import MUESTRA, TEXT_FIXTURE
+from tests.cli.conftest import MUESTRA, TEXT_FIXTURE, assert_fails_in_one_line, muestra
 from tests.harness import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -192,6 +192,20 @@ def test_up_fails_fast_showing_the_dead_services_log(tmp_path):
     assert "model.onnx" in output  # the lm service's own error, shown to the user
     for name, (_, pid) in services.items():
         assert pid == 0 or not alive(pid), f"{name} (pid {pid}) outlived muestra up"
+
+
+def test_up_without_the_default_text_model_names_the_command_that_builds_it(tmp_path):
+    models = tmp_path / "models"  # no smollm2-135m-instruct/ here: it was never built
+    models.mkdir()
+    up = ["up", "--base-port", "0", "--models-dir", str(models), "--log-dir", str(tmp_path / "logs")]
+    result = muestra(*up, env={"MUESTRA_LM_MODEL": ""}, timeout=60)
+    line = assert_fails_in_one_line(result)
+    assert str(models / "smollm2-135m-instruct") in line
+    assert "make default-model" in line and "--text-model DIR" in line
+    assert result.stdout == "" and not (tmp_path / "logs").exists()  # nothing was started, not even its logs
+    # A stack that serves no text needs no text model: the image model it names is what is missing.
+    result = muestra(*up, "--only", "diffusion", "--image-model", str(models / "absent"), timeout=60)
+    assert "make default-model" not in assert_fails_in_one_line(result)
 
 
 @pytest.mark.parametrize("command", [["plugins", "--local"], ["--help"]])

@@ -53,7 +53,7 @@ from muestra.cli.errors import CliError
 PARENT_ENV = "MUESTRA_EXIT_WITH_PARENT"
 
 START_ORDER = ("tokenizer", "lm", "diffusion", "gateway")
-DEFAULT_TEXT_MODEL = "muestra-text"
+DEFAULT_TEXT_MODEL = "smollm2-135m-instruct"
 DEFAULT_IMAGE_MODEL = "muestra-image"
 
 
@@ -258,6 +258,22 @@ def _unservable(what: str, folder: Path, needs: str) -> str:
     return f"{what} {folder} has no {needs}"
 
 
+def unbuilt_default_text_model(args) -> Path | None:
+    """The default text model's folder, when the stack would serve text from it but it was never built.
+
+    It is built (`make default-model`), not committed: without it the stack would quietly serve no text.
+    """
+    if args.text_model:
+        return None
+    only = {name.strip() for name in args.only.split(",") if name.strip()}
+    serves_text = any(
+        (not only or name in only) and importlib.util.find_spec(f"muestra.{name}.__main__") is not None
+        for name in ("tokenizer", "lm")
+    )
+    folder = (Path(args.models_dir) if args.models_dir else default_models_dir()) / DEFAULT_TEXT_MODEL
+    return folder if serves_text and not folder.is_dir() else None
+
+
 def plan(args, env: dict) -> tuple[list[Child], list[str]]:
     """The services to start, in order, and a note for each one that is skipped.
 
@@ -323,6 +339,14 @@ def plan(args, env: dict) -> tuple[list[Child], list[str]]:
 
 
 def run(args) -> int:
+    unbuilt = unbuilt_default_text_model(args)
+    if unbuilt:
+        print(
+            f"muestra up: no default text model at {unbuilt}: build it with `make default-model`, "
+            "or serve another with --text-model DIR",
+            file=sys.stderr,
+        )
+        return 1
     args.log_dir = args.log_dir or tempfile.mkdtemp(prefix="muestra-up-")
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -183,6 +183,7 @@ def build(requirement: str, key: str, cached: Path) -> None:
         options = " ".join(EXPORT_OPTIONS) or "the importer's defaults"
         with stage("import", f"{gguf.name} ({options})"):
             import_gguf(gguf, built)
+        built.chmod(0o755)  # the importer may write its folder as a private temporary one
         (built / SOURCE).parent.mkdir()
         gguf.rename(built / SOURCE)
         (built / STAMP).write_text(key + "\n")

@@ -1,6 +1,8 @@
 """llama.cpp as bench/decode.py's bar, on the same weights: built from the source vendored in the
 llama-cpp-python sdist, the bench's transformers folder converted with llama.cpp's own converter,
-quantized with llama-quantize, timed with llama-bench and llama-batched-bench.
+quantized with llama-quantize, timed with llama-bench and llama-batched-bench. For a GGUF file given
+as it is (bench/decode.py --gguf, bench/text_quality.py --gguf): llama-quantize makes its other
+types, llama-tokenize gives the ids llama-perplexity scores, llama-perplexity scores them.
 
     .venv/bin/python -m bench.llama_cpp --model llama-100m     # build (minutes, cached), convert, time
 
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("MUESTRA_LLAMA_CPP_CACHE", Path.home() / ".cache" / "muestra" / "llama.cpp"))
 # The sdist whose vendor/llama.cpp is built; pinned so that a figure names the llama.cpp it measured.
 SDIST = "llama-cpp-python==0.3.36"
-TOOLS = ("llama-bench", "llama-quantize", "llama-batched-bench")
+TOOLS = ("llama-bench", "llama-quantize", "llama-batched-bench", "llama-perplexity", "llama-tokenize")
 QUANTS = ("Q8_0", "Q4_0")
 
 
@@ -50,7 +52,7 @@ def source_dir() -> Path:
 
 
 def build() -> Path:
-    """The folder holding llama-bench, llama-quantize and llama-batched-bench (CPU, native ISA)."""
+    """The folder holding TOOLS (CPU, native ISA)."""
     source = source_dir()
     binaries = source / "build" / "bin"
     if all((binaries / tool).is_file() for tool in TOOLS):
@@ -168,6 +170,84 @@ def parse_batched_bench(output: str) -> list[dict]:
     return rows
 
 
+_PERPLEXITY_RUN = re.compile(r"calculating perplexity over (\d+) chunks, n_ctx=(\d+), batch_size=(\d+), n_seq=(\d+)")
+_PERPLEXITY_FINAL = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
+_PERPLEXITY_CHUNK = re.compile(r"\[(\d+)\]([\d.]+),")
+
+
+def parse_perplexity(output: str) -> dict:
+    """llama-perplexity's log -> {"chunks", "context", "perplexity", "error", "running": [after chunk 1, 2, ...]}."""
+    run, final = _PERPLEXITY_RUN.search(output), _PERPLEXITY_FINAL.search(output)
+    if run is None or final is None:
+        raise ValueError(f"no perplexity in llama-perplexity's output: ...{output[-400:]!r}")
+    return {
+        "chunks": int(run.group(1)),
+        "context": int(run.group(2)),
+        "perplexity": float(final.group(1)),
+        "error": float(final.group(2)),
+        "running": [float(m.group(2)) for m in _PERPLEXITY_CHUNK.finditer(output)],
+    }
+
+
+def parse_token_ids(output: str) -> list[int]:
+    """llama-tokenize --ids output: one line "[id, id, ...]" (other lines are log)."""
+    lines = [line for line in output.splitlines() if line.startswith("[") and line.rstrip().endswith("]")]
+    if len(lines) != 1:
+        raise ValueError(f"expected one line of ids in llama-tokenize's output, found {len(lines)}")
+    return json.loads(lines[0])
+
+
+def tokenize(binaries: Path, model: Path, text: list[str]) -> list[int]:
+    """The ids llama-perplexity evaluates for the same text: the model's BOS if its vocabulary adds one,
+    special-token names left as text, no escape processing (llama-perplexity's defaults). `text` is
+    ["-f", FILE] or ["-p", TEXT]; FILE must not end in a newline (llama-perplexity's -f drops one)."""
+    command = [str(binaries / "llama-tokenize"), "-m", str(model), *text, "--ids", "--no-parse-special"]
+    done = subprocess.run([*command, "--no-escape", "--log-disable"], check=True, capture_output=True, text=True)
+    return parse_token_ids(done.stdout)
+
+
+def bos_id(binaries: Path, model: Path) -> int | None:
+    """The id llama-perplexity puts in place of each chunk's first token, or None if the vocabulary adds no BOS."""
+    with_bos = tokenize(binaries, model, ["-p", "x"])
+    without = tokenize(binaries, model, ["-p", "x", "--no-bos"])
+    return with_bos[0] if len(with_bos) > len(without) else None
+
+
+def perplexity(binaries: Path, model: Path, text_file: Path, context: int, chunks: int, threads: int) -> dict:
+    """llama-perplexity's default run on text_file: consecutive chunks of `context` tokens from the
+    text's start, each scored on its second half (parse_perplexity's dict)."""
+    command = [str(binaries / "llama-perplexity"), "-m", str(model), "-f", str(text_file), "-c", str(context)]
+    command += ["--chunks", str(chunks), "-t", str(threads), "--no-escape"]
+    done = subprocess.run(command, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return parse_perplexity(done.stdout)
+
+
+def file_type(model: Path) -> str:
+    """A GGUF file's type as llama-quantize names it ("Q4_1", "F32", ...): its general.file_type."""
+    import gguf
+
+    value = gguf.GGUFReader(model).fields["general.file_type"].contents()
+    return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def variant(model: Path, kind: str, binaries: Path) -> Path:
+    """`model` as llama.cpp type `kind`: the file itself if it is of that type, else made once with
+    llama-quantize --allow-requantize, which dequantizes each tensor first (F32 from a quantized file
+    holds exactly its dequantized weights; Q8_0 or Q4_0 from it quantize those again)."""
+    if file_type(model) == kind:
+        return model
+    out = CACHE / "gguf" / f"{model.stem}-{model.stat().st_size}" / f"{kind}.gguf"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".part")
+        command = [str(binaries / "llama-quantize"), "--allow-requantize", str(model), str(partial), kind]
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode:
+            raise RuntimeError(f"llama-quantize {model.name} {kind} failed: ...{done.stdout[-1000:]}")
+        partial.rename(out)
+    return out
+
+
 def llama_bench(binaries: Path, model: Path, threads: int, depths: tuple[int, ...], generate: int = 64) -> list[dict]:
     """Decode tokens/s at each depth (tokens already in the KV before the timed generation)."""
     command = [str(binaries / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(generate)]
@@ -200,16 +280,21 @@ def run(
     binaries = build()
     figures: dict = {"llama.cpp": SDIST, "threads": threads}
     for kind, path in gguf_models(name, hf_dir, binaries).items():
-        if kind not in kinds:
-            continue
-        single = llama_bench(binaries, path, threads, depths)
-        batched = batched_bench(binaries, path, threads, batches) if batches else []
-        figures[kind] = {
-            "tg": {row["depth"]: row["fastest_tokens_per_s"] for row in single},
-            "tg_mean": {row["depth"]: row["tokens_per_s"] for row in single},
-            "batched": {row["batch"]: row["tg_tokens_per_s"] for row in batched},
-        }
+        if kind in kinds:
+            figures[kind] = speeds(binaries, path, threads, depths, batches)
     return figures
+
+
+def speeds(binaries: Path, model: Path, threads: int, depths: tuple[int, ...], batches: tuple[int, ...]) -> dict:
+    """One GGUF file's decode figures: {"tg": {depth: tok/s}, "tg_mean": {...}, "batched": {batch: tok/s}}."""
+    single = llama_bench(binaries, model, threads, depths)
+    batched = batched_bench(binaries, model, threads, batches) if batches else []
+    return {
+        "type": single[0]["type"],
+        "tg": {row["depth"]: row["fastest_tokens_per_s"] for row in single},
+        "tg_mean": {row["depth"]: row["tokens_per_s"] for row in single},
+        "batched": {row["batch"]: row["tg_tokens_per_s"] for row in batched},
+    }
 
 
 def main() -> None:

@@ -1,11 +1,14 @@
 """bench/llama_cpp.py reads llama.cpp's tools' output right (samples captured from a real run of the
-pinned build on the bench's llama-100m, Q4_0, 2 threads; llama.cpp itself never runs in CI)."""
+pinned build on the bench's llama-100m, Q4_0, 2 threads; llama-perplexity's on SmolLM2-135M-Instruct
+Q4_1, 3 chunks of 128 tokens of pydoc_data/topics.py; llama.cpp itself never runs in CI)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.llama_cpp import parse_batched_bench, parse_llama_bench
+import pytest
+
+from bench.llama_cpp import parse_batched_bench, parse_llama_bench, parse_perplexity, parse_token_ids
 
 SAMPLES = Path(__file__).parent / "samples"
 
@@ -29,3 +32,21 @@ def test_llama_batched_bench_table_gives_summed_decode_speed_per_batch():
 def test_lines_that_are_not_result_rows_are_skipped():
     noise = "| PP | TG | B | N_KV |\n|----|----|\nllama_batched_bench: n_kv_max = 1024\n"
     assert parse_batched_bench(noise) == []
+
+
+def test_llama_perplexity_log_gives_the_final_estimate_and_its_run():
+    result = parse_perplexity((SAMPLES / "llama-perplexity.txt").read_text())
+    assert (result["chunks"], result["context"]) == (3, 128)
+    assert (result["perplexity"], result["error"]) == (12.6639, 2.65408)
+    assert result["running"] == [6.4214, 9.3306, 12.6639]  # after each chunk; the last is the estimate
+
+
+def test_a_llama_perplexity_log_without_an_estimate_is_an_error():
+    with pytest.raises(ValueError):
+        parse_perplexity("perplexity: tokenizing the input ..\nyou need at least 1024 tokens\n")
+
+
+def test_llama_tokenize_ids_are_read_from_the_one_line_that_lists_them():
+    assert parse_token_ids("load_backend: loaded CPU\n[504, 476, 3391]\n") == [504, 476, 3391]
+    with pytest.raises(ValueError):
+        parse_token_ids("no ids here\n")

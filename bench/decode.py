@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/decode.py            # everything; models and the genai venv are cached
     .venv/bin/python bench/decode.py --no-genai --models gpt2-124m
+    .venv/bin/python bench/decode.py --gguf FILE.gguf --ours q4_1=DIR --ours f32=DIR --threads 2 --rounds 3
 
 Each contender runs a prompt once, then `--chunk` decode steps `--repeats` times, the contenders
 taking turns in blocks (see fastest_chunks); a figure is the contender's fastest chunk (the CPUs are shared, so the
@@ -11,7 +12,9 @@ built with transformers and exported with muestra's exporter (fp32) in both layo
 default, GroupQueryAttention over a shared buffer; concat), cached under ~/.cache/muestra/bench
 (MUESTRA_BENCH_CACHE). onnxruntime-genai runs in its own venv (MUESTRA_GENAI_VENV, default
 .venv-genai, made by `make dev` or on first use) because it needs the CPU onnxruntime package,
-which breaks onnxruntime-gpu in .venv.
+which breaks onnxruntime-gpu in .venv. With --gguf, only the llama.cpp comparison runs: each --ours
+folder (our import of FILE, python -m muestra.lm.export FILE DIR ...) against llama.cpp on FILE in
+that folder's llama.cpp type, batch 1 and 8 (versus_rounds).
 """
 
 from __future__ import annotations
@@ -194,51 +197,81 @@ VERSUS_BATCHES = (1, 8)
 
 
 def versus_llama_cpp(name: str, args, log_dir: Path) -> dict:
-    """Our fused export in each precision, through the lm and as a bare loop, against llama.cpp's
-    llama-bench (batch 1) and llama-batched-bench (batch 8) on the same weights, in one run.
-
-    The machine's memory bandwidth drifts by tens of percent over minutes (a 400 MB fp32 step reads
-    29-42 GB/s from one minute to the next), so the two sides alternate: llama.cpp, ours, llama.cpp,
-    ours, ..., llama.cpp, `--rounds` times ours. A round's ratio is ours against the faster of the
-    llama.cpp runs on either side of it; a figure is each side's fastest over all rounds.
-    """
+    """Our fused export of a bench model in each precision against llama.cpp on the same weights (versus_rounds)."""
     hf_dir, _ = decode_models.build(name, "fused")
     vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
-    rng = np.random.default_rng(2)
     rows: list[dict] = []
     for precision in args.precisions.split(","):
         quantize = None if precision == "fp32" else precision
         _, onnx_dir = decode_models.build(name, "fused", quantize)
         kind = LLAMA_CPP_TYPES[precision]
-        theirs_runs = [llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]]
-        ours_runs = []
-        service, stream = ServiceLoop(onnx_dir, args.threads, log_dir), StreamLoop(onnx_dir, args.threads, log_dir)
-        # Greedy rows as the gateway runs them: args.burst steps per Decode over the stream.
-        burst = StreamLoop(onnx_dir, args.threads, log_dir, burst=args.burst)
-        loops = {
-            "burst": burst, "stream": stream, "service": service, "bare": SharedBufferLoop(onnx_dir, args.threads),
-        }  # fmt: skip
-        try:
-            for _ in range(args.rounds):
-                ours = {}
-                for batch in VERSUS_BATCHES:
-                    for past in VERSUS_PASTS if batch == 1 else VERSUS_PASTS[:1]:
-                        prompts = np.repeat(rng.integers(3, vocab, (1, past)), batch, 0)
-                        seconds = fastest_chunks(loops, prompts, args.chunk, args.repeats)
-                        ours[batch, past] = {k: batch * args.chunk / s for k, s in seconds.items()}
-                ours_runs.append(ours)
-                # Our sessions stay loaded but idle while llama.cpp runs (their pools sleep after SETTLE_S).
-                time.sleep(SETTLE_S)
-                theirs_runs.append(
-                    llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]
-                )
-        finally:
-            service.close()
-            stream.close()
-            burst.close()
 
-        rows += versus_rows(precision, kind, ours_runs, theirs_runs)
+        def theirs(kind: str = kind) -> dict:
+            return llama_cpp.run(name, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:], kinds=(kind,))[kind]
+
+        rows += versus_rows(precision, kind, *versus_rounds(onnx_dir, vocab, theirs, args, log_dir))
     return {"llama_cpp": llama_cpp.SDIST, "rows": rows, "rounds": args.rounds}
+
+
+def parse_ours(spec: str) -> tuple[str, Path]:
+    """--ours TYPE=DIR -> ("Q4_1", Path(DIR)): our export beside llama.cpp's TYPE of the --gguf file."""
+    kind, equals, folder = spec.partition("=")
+    if not equals or not kind or not folder:
+        raise argparse.ArgumentTypeError(f"--ours takes TYPE=DIR (e.g. q4_1=out/smollm2), not {spec!r}")
+    return kind.upper(), Path(folder)
+
+
+def versus_gguf(args, log_dir: Path) -> dict:
+    """Each --ours folder against llama.cpp on the --gguf file in that folder's type (versus_rounds): the
+    file itself where it is of that type, else llama-quantize's variant of it (llama_cpp.variant)."""
+    binaries = llama_cpp.build()
+    rows: list[dict] = []
+    for kind, folder in args.ours:
+        model = llama_cpp.variant(args.gguf, kind, binaries)
+        vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+
+        def theirs(model: Path = model) -> dict:
+            return llama_cpp.speeds(binaries, model, args.threads, VERSUS_PASTS, VERSUS_BATCHES[1:])
+
+        rows += versus_rows(folder.name, kind, *versus_rounds(folder, vocab, theirs, args, log_dir))
+    return {"llama_cpp": llama_cpp.SDIST, "rows": rows, "rounds": args.rounds}
+
+
+def versus_rounds(onnx_dir: Path, vocab: int, theirs, args, log_dir: Path) -> tuple[list[dict], list[dict]]:
+    """Our fused export through the lm and as a bare loop, and llama.cpp (`theirs()`: one llama_cpp.speeds
+    result of llama-bench at batch 1, llama-batched-bench at batch 8), on the same weights, in one run.
+
+    The machine's memory bandwidth drifts by tens of percent over minutes (a 400 MB fp32 step reads
+    29-42 GB/s from one minute to the next), so the two sides alternate: llama.cpp, ours, llama.cpp,
+    ours, ..., llama.cpp, `--rounds` times ours; versus_rows compares each round with its neighbours.
+    Prompts are random ids: greedy decoding never stops early, as no stop ids are sent.
+    """
+    rng = np.random.default_rng(2)
+    theirs_runs = [theirs()]
+    ours_runs = []
+    service, stream = ServiceLoop(onnx_dir, args.threads, log_dir), StreamLoop(onnx_dir, args.threads, log_dir)
+    # Greedy rows as the gateway runs them: args.burst steps per Decode over the stream.
+    burst = StreamLoop(onnx_dir, args.threads, log_dir, burst=args.burst)
+    loops = {
+        "burst": burst, "stream": stream, "service": service, "bare": SharedBufferLoop(onnx_dir, args.threads),
+    }  # fmt: skip
+    try:
+        for _ in range(args.rounds):
+            ours = {}
+            for batch in VERSUS_BATCHES:
+                for past in VERSUS_PASTS if batch == 1 else VERSUS_PASTS[:1]:
+                    prompts = np.repeat(rng.integers(3, vocab, (1, past)), batch, 0)
+                    seconds = fastest_chunks(loops, prompts, args.chunk, args.repeats)
+                    ours[batch, past] = {k: batch * args.chunk / s for k, s in seconds.items()}
+            ours_runs.append(ours)
+            # Our sessions stay loaded but idle while llama.cpp runs (their pools sleep after SETTLE_S).
+            time.sleep(SETTLE_S)
+            theirs_runs.append(theirs())
+    finally:
+        service.close()
+        stream.close()
+        burst.close()
+    return ours_runs, theirs_runs
 
 
 def versus_rows(precision: str, kind: str, ours_runs: list[dict], theirs_runs: list[dict]) -> list[dict]:
@@ -300,7 +333,7 @@ def past_study(loops: dict, vocab: int, args) -> dict:
 
 def markdown(results: list[dict], args) -> str:
     columns = [k for k in NAMES if k != "bare"]
-    if args.only_versus:
+    if args.only_versus or args.gguf:
         return _versus_markdown(results, args, [])
     lines = [
         f"### Single stream, greedy: decode tokens/s (fastest {args.chunk}-step chunk; ratio to the bare loop)",
@@ -401,13 +434,30 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,int8,int4", help="ours against llama.cpp, comma-separated")
     parser.add_argument("--burst", type=int, default=8, help="greedy steps per Decode of the burst contender")
     parser.add_argument("--rounds", type=int, default=1, help="versus: rounds of ours, each between two llama.cpp runs")
+    parser.add_argument(
+        "--gguf", type=Path, help="a GGUF file: only each --ours export against llama.cpp on it (no bench models)"
+    )
+    parser.add_argument(
+        "--ours",
+        type=parse_ours,
+        action="append",
+        default=[],
+        metavar="TYPE=DIR",
+        help="with --gguf: our export of the file, timed against llama.cpp's TYPE of it (F32, Q8_0, Q4_0, the "
+        "file's own type...; other than the file's own, made with llama-quantize); repeat per precision",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
+    if bool(args.gguf) != bool(args.ours):
+        parser.error("--gguf and --ours go together")
     # Stopped with SIGTERM, the bench still runs its cleanups (the lm processes it started end with it).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = []
     with tempfile.TemporaryDirectory(prefix="muestra-bench-") as log_dir:
-        for name in args.models.split(","):
+        if args.gguf:
+            print(f"[bench] {args.gguf.name} ...", file=sys.stderr, flush=True)
+            results.append({"model": args.gguf.name, "versus": versus_gguf(args, Path(log_dir))})
+        for name in [] if args.gguf else args.models.split(","):
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             result = {"model": name} if args.only_versus else bench_model(name, args, Path(log_dir))
             if (args.llama_cpp or args.only_versus) and name.startswith("llama") and not name.endswith("tiny"):

@@ -1,13 +1,15 @@
 """docker-compose.yml run as local processes, the way Compose would run it, with only addresses rewritten.
 
-What a container would run is read from the files themselves: each service's ENTRYPOINT, ENV and HEALTHCHECK
-from its Dockerfile, then `command`, `environment` (interpolated like Compose: `${VAR:-default}`), `volumes`,
-`tmpfs`, `secrets`, `depends_on` and `healthcheck` from the compose file. The rewrites are only what a machine
-without containers needs: a wildcard bind address becomes a loopback one (replica i of a scaled service gets
-127.0.0.<i+1>, so replicas share a port as they do in Compose), each container port becomes a free port, a
-`service:port` reference becomes the addresses of that service's replicas, a volume's container path becomes its
-host source, a tmpfs becomes a temporary folder, a secret's `/run/secrets/<name>` becomes its file (in the
-services that list it, and only there), and `python` becomes this interpreter.
+What a container would run is read from the files themselves: each service's ENTRYPOINT, ENV and HEALTHCHECK from
+its Dockerfile's last stage (the image; earlier stages only build what it copies), then `command`, `environment`
+(interpolated like Compose: `${VAR:-default}`), `volumes`, `tmpfs`, `secrets`, `depends_on` and `healthcheck` from
+the compose file. The rewrites are only what a machine without containers needs: a wildcard bind address becomes a
+loopback one (replica i of a scaled service gets 127.0.0.<i+1>, so replicas share a port as they do in Compose),
+each container port becomes a free port, a `service:port` reference becomes the addresses of that service's
+replicas, a volume's container path becomes its host source, a folder the image copies from a build stage (the
+default text model) becomes the local folder given for it, a tmpfs becomes a temporary folder, a secret's
+`/run/secrets/<name>` becomes its file (in the services that list it, and only there), and `python` becomes this
+interpreter.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class Image:
     healthcheck: list[str]
     user: str
     instructions: list[tuple[str, str]]
+    # Destinations of `COPY --from=<stage>`: what the image carries that a build stage made.
+    built_in: list[str]
 
 
 def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
@@ -63,13 +67,26 @@ def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
     return pairs
 
 
+def dockerfile_stages(path: Path) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(name, instructions) of every stage, in order; the name is "" for a stage without `AS name`."""
+    stages: list[tuple[str, list[tuple[str, str]]]] = []
+    for word, rest in dockerfile_instructions(path):
+        if word == "FROM":
+            words = rest.split()
+            stages.append((words[2] if len(words) == 3 and words[1].upper() == "AS" else "", []))
+        stages[-1][1].append((word, rest))
+    return stages
+
+
 def parse_dockerfile(path: Path) -> Image:
+    """The image: what the last stage gives a container."""
     env: dict[str, str] = {}
     entrypoint: list[str] = []
     cmd: list[str] = []
     healthcheck: list[str] = []
     user = "root"
-    instructions = dockerfile_instructions(path)
+    built_in: list[str] = []
+    _, instructions = dockerfile_stages(path)[-1]
     for word, rest in instructions:
         if word == "ENV":
             for item in shlex.split(rest):
@@ -83,7 +100,9 @@ def parse_dockerfile(path: Path) -> Image:
             healthcheck = json.loads(rest[rest.index("CMD ") + 4 :])
         elif word == "USER":
             user = rest
-    return Image(env, entrypoint, cmd, healthcheck, user, instructions)
+        elif word == "COPY" and rest.startswith("--from="):
+            built_in.append(rest.split()[-1].rstrip("/"))
+    return Image(env, entrypoint, cmd, healthcheck, user, instructions, built_in)
 
 
 _VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\}")
@@ -191,6 +210,8 @@ class LocalCompose:
     `interpreters` maps a service to the Python that stands for its image's (default: this one), e.g. a venv
     holding only what its Dockerfile installs. `secret_values` gives the content of top-level secrets, written to
     files in `workdir` (mode 0600); any other secret is the compose file's own `file:`, as Compose reads it.
+    `built_in` maps a folder that images copy from a build stage (Image.built_in) to the local folder standing in
+    for it; only services whose image copies that folder see it.
     """
 
     def __init__(
@@ -200,8 +221,10 @@ class LocalCompose:
         scale: dict[str, int] | None = None,
         interpreters: dict[str, str] | None = None,
         secret_values: dict[str, str] | None = None,
+        built_in: dict[str, Path] | None = None,
     ) -> None:
         self.compose = compose
+        self.built_in = built_in or {}
         self.secret_values = secret_values or {}
         self.secret_files: dict[str, Path] = {}
         self.interpreters = interpreters or {}
@@ -274,7 +297,7 @@ class LocalCompose:
             for replica, host in enumerate(self.hosts(name)):
                 self.containers[name].append(self._container(name, replica, host, image, dict(env)))
 
-    def _rewrite(self, name: str, key: str, value: str, host: str, tmp: Path) -> str:
+    def _rewrite(self, name: str, key: str, value: str, host: str, tmp: Path, image: Image | None) -> str:
         service = self.services[name]
         mapped = self._map_secrets(name, value)
         if mapped != value:  # a host path now: no container path left to rewrite
@@ -283,6 +306,9 @@ class LocalCompose:
             return host
         if key.endswith("_PORT") and (name, value) in self.port_map:
             return str(self.port_map[(name, value)])
+        for folder in image.built_in if image else []:
+            if folder in self.built_in and (value == folder or value.startswith(folder + "/")):
+                return str(self.built_in[folder]) + value[len(folder) :]
         for volume in service.get("volumes", []):
             source, target = volume.split(":")[:2]
             if value == target or value.startswith(target + "/"):
@@ -297,7 +323,7 @@ class LocalCompose:
         service = self.services[name]
         tmp = self.workdir / f"{name}-{replica}-tmp"
         tmp.mkdir()
-        env = {key: self._rewrite(name, key, value, host, tmp) for key, value in env.items()}
+        env = {key: self._rewrite(name, key, value, host, tmp, image) for key, value in env.items()}
         inherited = {key: value for key, value in os.environ.items() if not key.startswith("MUESTRA_")}
         full_env = {**inherited, **env}
         command = service.get("command")

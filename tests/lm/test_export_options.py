@@ -209,7 +209,7 @@ def _write_config(folder, **config):
 @pytest.mark.parametrize(
     ("make_source", "message"),
     [
-        (lambda tmp: tmp / "missing", "is not a folder"),
+        (lambda tmp: tmp / "missing", "neither a folder nor a GGUF file"),
         (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "has no config.json"),
         (lambda tmp: _write_config(tmp / "bert", model_type="bert"), "model_type 'bert'"),
         (lambda tmp: _write_config(tmp / "noweights", model_type="llama"), "has no weights"),
@@ -235,12 +235,12 @@ def test_bad_options_give_a_clear_error(tiny_lm, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
-def test_cli_bad_source_exits_2_with_one_line_error(tmp_path):
+def test_cli_bad_source_exits_1_with_one_line_error(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     command = [sys.executable, "-m", "muestra.lm.export", str(tmp_path / "nope"), str(tmp_path / "out")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 2
-    message = f"python -m muestra.lm.export: error: source {tmp_path / 'nope'} is not a folder"
+    assert result.returncode == 1
+    message = f"python -m muestra.lm.export: error: source {tmp_path / 'nope'} is neither a folder nor a GGUF file"
     assert result.stderr.strip().splitlines() == [message]
 
 

@@ -1,4 +1,4 @@
-"""python -m muestra.lm.export SRC OUT [--dtype float16] [--quantize KIND] [--layout concat] [--eval-text FILE]
+"""python -m muestra.lm.export SRC OUT [--dtype float16] [--quantize KIND] [--dequantize] [--layout concat] [--eval-text FILE]
 
 `muestra export-lm` hands its arguments to `main` here: the options are declared once.
 """
@@ -15,9 +15,15 @@ from muestra.lm.export.exporter import DTYPES, LAYOUTS, ExportError, export_lm
 def main(argv: list[str] | None = None, prog: str = "python -m muestra.lm.export") -> int:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Export a local transformers causal-LM folder to muestra's ONNX layout (model.onnx + KV cache).",
+        description="Export a local transformers causal-LM folder, or a GGUF file, to muestra's ONNX layout "
+        "(model.onnx + KV cache, tokenizer, chat template, generation config). Exit 1 on a source or option "
+        "that cannot be exported, with one line saying why.",
     )
-    parser.add_argument("src", type=Path, help="a transformers model folder (config.json, weights, tokenizer)")
+    parser.add_argument(
+        "src",
+        type=Path,
+        help="a transformers model folder (config.json, weights, tokenizer), a GGUF file, or a folder holding one",
+    )
     parser.add_argument("out", type=Path, help="the output folder; must not exist or be empty")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and KV-cache dtype")
     parser.add_argument(
@@ -27,6 +33,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m muestra.lm.export
         help="quantize the float32 export's weights: int8, int4 (MatMulNBits, block-wise, row by row); "
         "int8-dynamic (onnxruntime's quantize_dynamic: faster for many rows, but one scale over the whole batch's "
         "activations makes a row's logits depend on the rows beside it)",
+    )
+    parser.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="GGUF: export the file's weights dequantized, at --dtype/--quantize, instead of keeping its "
+        "Q4_0/Q4_1/Q8_0 blocks as they are",
     )
     parser.add_argument("--block-size", type=int, default=32, help="int8/int4: weights per quantization block")
     parser.add_argument(
@@ -71,10 +83,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m muestra.lm.export
             block_size=args.block_size,
             accuracy_level=args.accuracy_level,
             layout=args.layout,
+            dequantize=args.dequantize,
         )
     except (ExportError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return 1
     print(out)
     return 0
 

@@ -17,6 +17,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from muestra.lm.export import checks
+from muestra.lm.export.errors import ExportError
 from muestra.lm.export.families import (
     FAMILIES,
     FlatCacheLM,
@@ -28,6 +29,9 @@ from muestra.lm.export.families import (
     static_rope,
 )
 from muestra.lm.export.fuse import fuse_for_decode
+from muestra.lm.export.gguf_file import GGUFSource, find_gguf, inspect_gguf, to_transformers_folder
+from muestra.lm.export.gguf_file import sha256 as gguf_sha256
+from muestra.lm.export.gguf_weights import keep_file_quantization
 from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention, kernel_rotary
 from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8_dynamic, quantize_nbits
 from muestra.lm.export.simplify import constant_reshapes
@@ -68,10 +72,6 @@ NBITS = {"int8": 8, "int4": 4}
 LAYOUTS = ("fused", "concat")
 
 
-class ExportError(ValueError):
-    """The source folder or the options cannot produce a valid export."""
-
-
 def export_lm(
     src: Path,
     out: Path,
@@ -85,14 +85,49 @@ def export_lm(
     block_size: int = NBITS_BLOCK_SIZE,
     accuracy_level: int = NBITS_ACCURACY_LEVEL,
     layout: str | None = None,
+    dequantize: bool = False,
 ) -> Path:
     """Export the causal LM in `src` to `out` (which must not exist or be empty) and return `out`.
 
-    `max_context` > 0 sets the context length the lm serves, where the config names none or to
-    serve less than the config's. `layout` is "fused" or "concat" (default: fused where the
-    family allows it).
+    `src` is a transformers folder, a GGUF file, or a folder holding one GGUF file. A GGUF file's
+    Q4_0, Q4_1 and Q8_0 weights are kept as they are unless `dequantize`; its other weights are
+    exported at `dtype` / `quantize`. `max_context` > 0 sets the context length the lm serves, where
+    the config names none or to serve less than the config's. `layout` is "fused" or "concat"
+    (default: fused where the family allows it).
     """
     src, out = Path(src), Path(out)
+    gguf_path = find_gguf(src) if src.exists() else None
+    if gguf_path is None:
+        return _export(src, out, None, dtype, quantize, eval_text, progress, last_logits_only, max_context,
+                       block_size, accuracy_level, layout, dequantize)  # fmt: skip
+    source = inspect_gguf(gguf_path, set(FAMILIES))
+    if dtype != "float32" and not dequantize:
+        raise ExportError(f"dtype={dtype!r} applies to dequantized GGUF weights only; add --dequantize")
+    log = _Progress(progress)
+    kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(source.tensor_types.items()))
+    log.info(f"GGUF {gguf_path.name}: {source.architecture}, tensors {kinds}")
+    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=out.parent if out.parent.exists() else None) as unpacked:
+        with log.step("loading the GGUF with transformers (dequantized weights, tokenizer, chat template)"):
+            to_transformers_folder(source, Path(unpacked))
+        return _export(Path(unpacked), out, source, dtype, quantize, eval_text, progress, last_logits_only,
+                       max_context, block_size, accuracy_level, layout, dequantize)  # fmt: skip
+
+
+def _export(
+    src: Path,
+    out: Path,
+    gguf_source: GGUFSource | None,
+    dtype: str,
+    quantize: str | None,
+    eval_text: str | None,
+    progress: bool,
+    last_logits_only: bool,
+    max_context: int,
+    block_size: int,
+    accuracy_level: int,
+    layout: str | None,
+    dequantize: bool,
+) -> Path:
     if dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if quantize not in QUANTIZE:
@@ -165,6 +200,22 @@ def export_lm(
             metadata["validation"] = _validate(model, staging / "model.onnx", config.vocab_size, dtype, shared)
         log.info(f"max |logits(onnxruntime) - logits(torch)| = {metadata['validation']['max_abs_diff']}")
 
+        if gguf_source is not None:
+            metadata["gguf"] = _gguf_metadata(gguf_source)
+            if not dequantize:
+                with log.step("carrying the GGUF's own Q4_0/Q4_1/Q8_0 blocks into the graph"):
+                    kept = _keep_gguf_weights(staging, gguf_source, accuracy_level)
+                metadata["gguf"]["kept"] = kept
+                metadata["weights_dtype"] = "+".join(sorted({key.split("/")[1] for key in kept})) or dtype
+                metadata["external_data"] = (staging / "model.onnx.data").exists()
+                log.info(f"kept as stored: {kept or 'nothing'}")
+                if kept:
+                    metadata["validation_gguf"] = {
+                        "max_abs_diff": checks.max_abs_diff_against_torch(
+                            model, checks.ort_session(staging / "model.onnx"), config.vocab_size, shared=shared
+                        ),
+                        "reference": "transformers float32 (the file's weights, dequantized)",
+                    }
         if quantize:
             nbits = {"block_size": block_size, "accuracy_level": accuracy_level}
             metadata.update(_quantize(staging, model, config.vocab_size, eval_ids, log, quantize, nbits, shared))
@@ -186,6 +237,27 @@ def export_lm(
     return out
 
 
+def _gguf_metadata(source: GGUFSource) -> dict:
+    return {
+        "file": source.path.name,
+        "sha256": gguf_sha256(source.path),
+        "architecture": source.architecture,
+        "tensor_types": source.tensor_types,
+    }
+
+
+def _keep_gguf_weights(staging: Path, source: GGUFSource, accuracy_level: int) -> dict[str, int]:
+    path = staging / "model.onnx"
+    graph = onnx.load(str(path))
+    kept = keep_file_quantization(graph, source.path, accuracy_level)
+    if kept:
+        (staging / "model.onnx.data").unlink(missing_ok=True)
+        external = graph.ByteSize() > EXTERNAL_DATA_THRESHOLD
+        onnx.save_model(graph, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
+                        location="model.onnx.data")  # fmt: skip
+    return kept
+
+
 def _context(family, config, max_context: int) -> tuple[int, str]:
     length, source = context_length(family, config)
     if max_context < 0:
@@ -201,7 +273,7 @@ def _context(family, config, max_context: int) -> tuple[int, str]:
 
 def _check_source(src: Path):
     if not src.is_dir():
-        raise ExportError(f"source {src} is not a folder")
+        raise ExportError(f"source {src} is neither a folder nor a GGUF file")
     config_path = src / "config.json"
     if not config_path.is_file():
         raise ExportError(f"source {src} has no config.json; expected a transformers model folder (save_pretrained)")

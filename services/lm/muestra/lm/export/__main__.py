@@ -1,4 +1,4 @@
-"""python -m muestra.lm.export SRC OUT [--dtype float16] [--quantize KIND] [--dequantize] [--layout concat] [--eval-text FILE]
+"""python -m muestra.lm.export SRC OUT [--dtype float16] [--quantize KIND] [--dequantize] [--layout concat] [...]
 
 `muestra export-lm` hands its arguments to `main` here: the options are declared once.
 """

@@ -29,10 +29,10 @@ from muestra.lm.export.families import (
     static_rope,
 )
 from muestra.lm.export.fuse import fuse_for_decode
+from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention, kernel_rotary
 from muestra.lm.export.gguf_file import GGUFSource, find_gguf, inspect_gguf, to_transformers_folder
 from muestra.lm.export.gguf_file import sha256 as gguf_sha256
 from muestra.lm.export.gguf_weights import keep_file_quantization
-from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention, kernel_rotary
 from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8_dynamic, quantize_nbits
 from muestra.lm.export.simplify import constant_reshapes
 

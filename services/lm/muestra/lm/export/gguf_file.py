@@ -16,9 +16,7 @@ from pathlib import Path
 from muestra.lm.export.errors import ExportError
 
 # What the gguf package dequantizes (and so transformers loads); anything else is refused up front.
-DEQUANTIZABLE = frozenset(
-    "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS".split()
-)
+DEQUANTIZABLE = frozenset("F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS".split())
 # A GGUF may carry sampling defaults (llama.cpp's general.sampling.*); they become generation_config.json's.
 _SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
 
@@ -80,7 +78,8 @@ def inspect_gguf(path: Path, model_types: set[str]) -> GGUFSource:
     types = Counter(t.tensor_type.name for t in reader.tensors)
     refused = sorted(set(types) - DEQUANTIZABLE)
     if refused:
-        raise ExportError(f"{path}: tensor type {', '.join(refused)} cannot be loaded; supported: {sorted(DEQUANTIZABLE)}")
+        supported = ", ".join(sorted(DEQUANTIZABLE))
+        raise ExportError(f"{path}: tensor type {', '.join(refused)} cannot be loaded; supported: {supported}")
     context = _field(reader, f"{architecture}.context_length")
     sampling = {}
     for key, name in _SAMPLING_KEYS.items():

@@ -191,7 +191,7 @@ def _gather_block_quantized(node, kind: str, blocks: np.ndarray, graph) -> list:
         # Each row's block offsets, spread over their 32 positions by the transposed block indicator.
         offsets, spread = f"{stem}/row_m", f"{stem}/row_offsets"
         nodes += [
-            helper.make_node("Gather", [_add(graph, m, f"{stem}/m"), node.input[1]], [offsets], name=f"{stem}/gather_m"),
+            helper.make_node("Gather", [_add(graph, m, f"{stem}/m"), node.input[1]], [offsets], name=f"{stem}/row_m"),
             helper.make_node(
                 "MatMul", [offsets, _add(graph, _block_indicator(width).T.copy(), f"{stem}/spread")], [spread]
             ),

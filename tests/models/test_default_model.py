@@ -73,13 +73,26 @@ def transformers_greedy(reference, chat: list[dict], steps: int) -> tuple[list[i
     return ids[0].tolist(), generated[: ends[0] + 1] if ends else generated
 
 
+def divergence(reference, prompt_ids: list[int], expected: list[int], served: list[int]) -> str:
+    """Where the stack's greedy tokens leave transformers', and how near a tie transformers saw there."""
+    step = next((i for i, (a, b) in enumerate(zip(expected, served, strict=False)) if a != b), None)
+    if step is None:
+        return f"transformers gave {len(expected)} tokens, the stack {len(served)}"
+    model, _ = reference
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + expected[:step]])).logits[0, -1]
+    margin = float(logits[expected[step]] - logits[served[step]])
+    return f"token {step}: the stack chose {served[step]}, transformers {expected[step]} (by a logit of {margin:.3f})"
+
+
 @pytest.mark.parametrize("chat", CHATS.values(), ids=CHATS.keys())
 def test_greedy_chat_through_the_stack_equals_transformers_on_the_dequantized_gguf(stack, reference, chat):
     prompt_ids, expected = transformers_greedy(reference, chat, GREEDY_TOKENS)
     with Client(stack.gateway.address, timeout=120) as client:
         assert list(client.tokenize(messages=chat).ids) == prompt_ids  # the same chat template and tokenizer
         generation = client.generate(messages=chat, max_tokens=GREEDY_TOKENS, samplers=[{"name": "greedy"}]).wait()
-    assert generation.token_ids[0] == expected
+    served = generation.token_ids[0]
+    assert served == expected, divergence(reference, prompt_ids, expected, served)
 
 
 def test_it_knows_the_capital_of_france_through_the_openai_client(stack):

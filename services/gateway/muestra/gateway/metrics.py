@@ -80,3 +80,14 @@ DECODE_BURST = Histogram(
     ["model", "replica"],
     buckets=(1, 2, 4, 8, 16, 32, 64),
 )
+KV_RESERVED = Gauge(
+    "muestra_kv_reserved_bytes",
+    "lm KV bytes a replica's batch may take before its last row ends (each row up to prompt + max_tokens), "
+    "as the lm counts them; admission keeps it within the lm's kv_budget_bytes",
+    ["model", "replica"],
+)
+KV_ADMISSION_WAITS = Counter(
+    "muestra_kv_admission_waits_total",
+    "Requests that waited at the head of a replica's queue because its KV budget could not hold them yet",
+    ["model", "replica"],
+)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 
+from muestra.gateway.kv_admission import KvBudget
 from muestra.gateway.prefix import LookupHealth, PrefixLookup, open_redis
 from muestra.runtime.channels import service_channel
 from muestra.runtime.errors import NotFound
@@ -47,6 +48,8 @@ class LmReplica:
     channel: grpc.aio.Channel
     # Most greedy steps one Decode may run there (its Describe's max_greedy_steps; 1 until known).
     max_greedy_steps: int = 1
+    # Its KV layout and budget (its Describe's; None: admitted by row count alone).
+    kv: KvBudget | None = None
 
 
 @dataclasses.dataclass
@@ -173,6 +176,7 @@ class ModelRegistry:
                 f"the lm service at {spec['lm'][0]}", lambda r=replicas[0]: _describe_lm(r), deadline, lm_setting
             )
             replicas[0].max_greedy_steps = max(1, lm_info.max_greedy_steps)
+            replicas[0].kv = KvBudget.from_describe(lm_info)
             tok_model = spec.get("tokenizer_model", "")
             tok_info = await _retry(
                 f"the tokenizer service at {spec['tokenizer']}",
@@ -201,6 +205,7 @@ class ModelRegistry:
                     f"the lm service at {replica.address}", lambda r=replica: _describe_lm(r), deadline, lm_setting
                 )
                 replica.max_greedy_steps = max(1, other.max_greedy_steps)
+                replica.kv = KvBudget.from_describe(other)
                 if other.fingerprint != model.fingerprint:
                     raise BackendError(
                         f"lm replicas of {model.name} serve different models ({replica.address} differs); "

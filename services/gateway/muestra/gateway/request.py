@@ -49,6 +49,7 @@ class GenerationRequest:
     # Replicas that took this request: one whose replica fails before it streams may move once.
     attempts: int = 0
     failed: bool = False
+    waited_for_kv: bool = False  # counted in muestra_kv_admission_waits_total
 
     @property
     def started(self) -> bool:

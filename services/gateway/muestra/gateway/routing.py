@@ -16,6 +16,7 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from muestra.gateway.kv_admission import KvBudget
 from muestra.gateway.models import LmReplica, TextModel, expand_target
 from muestra.gateway.request import GenerationRequest
 from muestra.gateway.scheduler import ReplicaScheduler
@@ -133,6 +134,7 @@ class Router:
             except grpc.aio.AioRpcError:
                 return
             scheduler.replica.max_greedy_steps = max(1, info.max_greedy_steps)
+            scheduler.replica.kv = KvBudget.from_describe(info)
             log.info("lm replica %s is healthy again", scheduler.replica.address)
             scheduler.healthy = True
         elif not ok and scheduler.healthy:
@@ -155,7 +157,7 @@ class Router:
                     log.error("lm at %s serves another model (%s); ignored", address, info.model)
                     await channel.close()
                     continue
-                replica = LmReplica(address, stub, channel, max(1, info.max_greedy_steps))
+                replica = LmReplica(address, stub, channel, max(1, info.max_greedy_steps), KvBudget.from_describe(info))
                 self.model.replicas.append(replica)
                 self._add(replica)
                 log.info("lm replica %s added to %s", address, self.model.name)

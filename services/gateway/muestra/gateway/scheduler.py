@@ -31,6 +31,7 @@ import numpy as np
 from muestra.gateway import metrics
 from muestra.gateway.constraints.engine import fill_masks
 from muestra.gateway.detokenizer import Detokenizer, TokenizerFailed
+from muestra.gateway.kv_admission import KvAdmission
 from muestra.gateway.models import LmReplica, TextModel
 from muestra.gateway.progress import Progress
 from muestra.gateway.request import BeamGroup, BeamRow, GenerationRequest, Sequence
@@ -193,6 +194,7 @@ class ReplicaScheduler:
         self.steps = 0
         self.greedy_burst = config.greedy_burst
         self.greedy_burst_s = config.greedy_burst_ms / 1000
+        self.kv = KvAdmission(model.name, replica, config.greedy_burst)  # admission by the lm's KV budget
         # Running estimate of one decode step's time here (None until a step was timed).
         self.step_s: float | None = None
         self.progress = Progress()
@@ -217,6 +219,7 @@ class ReplicaScheduler:
         metrics.ROWS_RUNNING.labels(*labels).set_function(
             lambda: len(self.rows) + sum(len(rows) for _, rows in self.joining)
         )
+        metrics.KV_RESERVED.labels(*labels).set_function(lambda: self.kv.reserved_bytes(self._batch_rows()))
 
     # -- called by the Generate handlers and the router -----------------------------------------
 
@@ -231,12 +234,18 @@ class ReplicaScheduler:
             requests.add(id(self.admitting))
         return len(requests)
 
+    def _batch_rows(self) -> list[Row]:
+        """The running rows and those joining them at the next step."""
+        return [*self.rows, *(row for _, rows in self.joining for row in rows)]
+
     def has_work(self) -> bool:
         return bool(self.rows or self.joining or self.waiting)
 
     def submit(self, request: GenerationRequest) -> None:
         if len(self.waiting) >= self.max_queue:
             raise ResourceExhausted(f"queue is full ({self.max_queue} requests waiting on {self.replica.address})")
+        if (too_big := self.kv.alone_error(request)) is not None:
+            return request.fail(too_big)
         request.replica = self.replica.address
         self.waiting.append(request)
         self.wake.set()
@@ -353,6 +362,8 @@ class ReplicaScheduler:
         """Prefill waiting requests while rows are free; their first tokens are picked here."""
         used = len(self.rows)
         while self.waiting and used + self.waiting[0].rows <= self.max_rows:
+            if not self.kv.admits(self.waiting, self._batch_rows()):
+                break  # it waits at the head until rows leave; those behind it wait too
             request = self.waiting.popleft()
             if request.cancelled:
                 request.out.put_nowait(None)
@@ -464,7 +475,7 @@ class ReplicaScheduler:
         batches = []
         # Rows with constraints send their kinds (which change on forced tokens) and, when the lm applies
         # them, their masks with every step; so does every row of their batches.
-        every = [*self.rows, *(r for _, rows in self.joining for r in rows)]
+        every = self._batch_rows()
         masked = any(isinstance(r, Sequence) and r.sampling.constraint is not None for r in every)
         tokens = _tokens_per_row(every)
         steps = self._burst(every)
@@ -494,6 +505,7 @@ class ReplicaScheduler:
         burst = min(self.greedy_burst, self.replica.max_greedy_steps)
         # A request that could join now (one that arrived during admission) should not wait for a burst.
         joinable = bool(self.waiting) and len(rows) + self.waiting[0].rows <= self.max_rows
+        joinable = joinable and self.kv.fits(self.waiting[0], rows)
         if burst <= 1 or joinable or self.step_s is None or not all(_bursts(row) for row in rows):
             return 1
         if self.step_s > 0:

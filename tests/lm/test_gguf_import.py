@@ -15,7 +15,6 @@ import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from muestra.lm.export import checks, export_lm
@@ -29,15 +28,18 @@ NEW_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    """kind -> (gguf path, exported folder), each built once."""
+    """(kind, accuracy level) -> (gguf path, exported folder), each built once; level None: the default."""
     root = tmp_path_factory.mktemp("gguf")
     cache = {}
 
-    def get(kind: str):
-        if kind not in cache:
-            path = write_llama_gguf(root / f"tiny-{kind}.gguf", kind)
-            cache[kind] = (path, export_lm(path, root / f"onnx-{kind}", progress=False))
-        return cache[kind]
+    def get(kind: str, level: int | None = None):
+        if (kind, level) not in cache:
+            path = root / f"tiny-{kind}.gguf"
+            if not path.exists():
+                write_llama_gguf(path, kind)
+            out = root / f"onnx-{kind}-{level}"
+            cache[kind, level] = (path, export_lm(path, out, accuracy_level=level, progress=False))
+        return cache[kind, level]
 
     return get
 
@@ -48,16 +50,6 @@ def _transformers(path):
 
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-
-
-def _float_activations(folder) -> ort.InferenceSession:
-    """The exported graph with MatMulNBits at accuracy level 0: the stored weights, float activations."""
-    graph = onnx.load(str(folder / "model.onnx"))
-    for node in graph.graph.node:
-        for attribute in node.attribute:
-            if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
-                attribute.i = 0
-    return ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 def _onnx_greedy(session, prompt: list[int], count: int) -> list[int]:
@@ -74,11 +66,13 @@ def _onnx_greedy(session, prompt: list[int], count: int) -> list[int]:
 
 @pytest.mark.parametrize("kind", GGUF_KINDS)
 def test_greedy_tokens_equal_transformers_loading_the_same_file(imported, kind):
+    """The default export: 4-bit weights on float activations, a Q8_0 vocabulary projection on int8
+    activations with its top logits recomputed in float32, other Q8_0 weights float32."""
     import torch
 
     path, folder = imported(kind)
     model, tokenizer = _transformers(path)
-    session = _float_activations(folder)
+    session = checks.ort_session(folder / "model.onnx")
     for prompt in PROMPTS:
         ids = tokenizer(prompt)["input_ids"]
         with torch.no_grad():
@@ -91,9 +85,10 @@ def test_greedy_tokens_equal_transformers_loading_the_same_file(imported, kind):
 
 @pytest.mark.parametrize("kind", EXACT_KINDS)
 def test_exact_types_keep_the_files_blocks_bit_for_bit(imported, kind):
+    """Accuracy level 4 keeps every exactly-mapped weight (level 0 leaves Q8_0 layers in float32)."""
     import gguf
 
-    path, folder = imported(kind)
+    path, folder = imported(kind, 4)
     reader = gguf.GGUFReader(path)
     rows = {
         row.tobytes()
@@ -120,6 +115,45 @@ def test_exact_types_keep_the_files_blocks_bit_for_bit(imported, kind):
     assert metadata["gguf"]["kept"] == {"Gather/" + kind: 1, "MatMul/" + kind: 9}
     assert metadata["weights_dtype"] == kind
     assert metadata["validation"]["max_abs_diff"] < 1e-3
+
+
+@pytest.mark.parametrize("kind", EXACT_KINDS)
+def test_the_default_keeps_what_float_activations_can_run(imported, kind):
+    _, folder = imported(kind)
+    kept = json.loads((folder / "muestra_export.json").read_text())["gguf"]["kept"]
+    if kind == "Q8_0":
+        # onnxruntime has no float kernel for 8-bit MatMulNBits: only the vocabulary projection, rescored.
+        assert kept == {"Gather/Q8_0": 1, "MatMul/Q8_0": 1, "rescored/Q8_0": 1}
+    else:
+        assert kept == {"Gather/" + kind: 1, "MatMul/" + kind: 9}
+    graph = onnx.load(str(folder / "model.onnx"))
+    levels = {
+        attribute.i
+        for node in graph.graph.node
+        if node.op_type == "MatMulNBits"
+        for attribute in node.attribute
+        if attribute.name == "accuracy_level"
+    }
+    assert levels == ({4} if kind == "Q8_0" else {0})
+
+
+def test_smollm_pre_tokenizer_splits_digits_as_llama_cpp_does(tmp_path):
+    from transformers import AutoTokenizer
+
+    from muestra.lm.export.gguf_file import inspect_gguf, to_transformers_folder
+
+    for pre, expected in (("smollm", ["1", "2", "3", "4", "5"]), (None, None)):
+        path = write_llama_gguf(tmp_path / f"pre-{pre}.gguf", "F32", pre_tokenizer=pre)
+        folder = tmp_path / f"folder-{pre}"
+        folder.mkdir()
+        to_transformers_folder(inspect_gguf(path, {"llama"}), folder)
+        pre_tokenizer = json.loads((folder / "tokenizer.json").read_text())["pre_tokenizer"]
+        digits = [p for p in pre_tokenizer.get("pretokenizers", []) if p["type"] == "Digits"]
+        assert bool(digits) == (pre == "smollm")
+        if expected:
+            assert (
+                digits[0]["individual_digits"] and AutoTokenizer.from_pretrained(folder).tokenize("12345") == expected
+            )
 
 
 @pytest.mark.parametrize("kind", ["F32", "Q4_K"])

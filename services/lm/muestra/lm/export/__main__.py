@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m muestra.lm.export
     parser.add_argument(
         "--accuracy-level",
         type=int,
-        default=4,
-        help="int8/int4: MatMulNBits compute (4: int8 activations, 0: float)",
+        default=None,
+        help="MatMulNBits compute: 4, int8 activations (the default for --quantize); 0, float (the default "
+        "for a GGUF's kept weights: the same greedy tokens as transformers on the file's weights; 4 is faster)",
     )
     parser.add_argument(
         "--layout",

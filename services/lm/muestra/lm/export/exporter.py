@@ -32,7 +32,7 @@ from muestra.lm.export.fuse import fuse_for_decode
 from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention, kernel_rotary
 from muestra.lm.export.gguf_file import GGUFSource, find_gguf, inspect_gguf, to_transformers_folder
 from muestra.lm.export.gguf_file import sha256 as gguf_sha256
-from muestra.lm.export.gguf_weights import keep_file_quantization
+from muestra.lm.export.gguf_weights import RESCORE_TOP, keep_file_quantization
 from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8_dynamic, quantize_nbits
 from muestra.lm.export.simplify import constant_reshapes
 
@@ -83,7 +83,7 @@ def export_lm(
     last_logits_only: bool = True,
     max_context: int = 0,
     block_size: int = NBITS_BLOCK_SIZE,
-    accuracy_level: int = NBITS_ACCURACY_LEVEL,
+    accuracy_level: int | None = None,
     layout: str | None = None,
     dequantize: bool = False,
 ) -> Path:
@@ -124,7 +124,7 @@ def _export(
     last_logits_only: bool,
     max_context: int,
     block_size: int,
-    accuracy_level: int,
+    accuracy_level: int | None,
     layout: str | None,
     dequantize: bool,
 ) -> Path:
@@ -136,7 +136,7 @@ def _export(
         raise ExportError(f"quantize={quantize!r} quantizes the float32 export; use dtype='float32'")
     if block_size < 16 or block_size & (block_size - 1):
         raise ExportError(f"block_size must be a power of two >= 16, got {block_size}")
-    if accuracy_level not in (0, 1, 2, 3, 4):
+    if accuracy_level not in (None, 0, 1, 2, 3, 4):
         raise ExportError(f"accuracy_level must be 0 to 4, got {accuracy_level}")
     if layout not in (None, *LAYOUTS):
         raise ExportError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -204,7 +204,9 @@ def _export(
             metadata["gguf"] = _gguf_metadata(gguf_source)
             if not dequantize:
                 with log.step("carrying the GGUF's own Q4_0/Q4_1/Q8_0 blocks into the graph"):
-                    kept = _keep_gguf_weights(staging, gguf_source, accuracy_level)
+                    level = 0 if accuracy_level is None else accuracy_level
+                    kept = _keep_gguf_weights(staging, gguf_source, level, config.vocab_size)
+                metadata["gguf"]["accuracy_level"] = level
                 metadata["gguf"]["kept"] = kept
                 metadata["weights_dtype"] = "+".join(sorted({key.split("/")[1] for key in kept})) or dtype
                 metadata["external_data"] = (staging / "model.onnx.data").exists()
@@ -216,8 +218,11 @@ def _export(
                         ),
                         "reference": "transformers float32 (the file's weights, dequantized)",
                     }
+                    if any(key.startswith("rescored/") for key in kept):
+                        metadata["validation_gguf"]["rescored_top_logits"] = RESCORE_TOP
         if quantize:
-            nbits = {"block_size": block_size, "accuracy_level": accuracy_level}
+            level = NBITS_ACCURACY_LEVEL if accuracy_level is None else accuracy_level
+            nbits = {"block_size": block_size, "accuracy_level": level}
             metadata.update(_quantize(staging, model, config.vocab_size, eval_ids, log, quantize, nbits, shared))
         elif eval_ids is not None:
             with log.step(f"perplexity on {len(eval_ids)} tokens"):
@@ -246,10 +251,10 @@ def _gguf_metadata(source: GGUFSource) -> dict:
     }
 
 
-def _keep_gguf_weights(staging: Path, source: GGUFSource, accuracy_level: int) -> dict[str, int]:
+def _keep_gguf_weights(staging: Path, source: GGUFSource, accuracy_level: int, vocab_size: int) -> dict[str, int]:
     path = staging / "model.onnx"
     graph = onnx.load(str(path))
-    kept = keep_file_quantization(graph, source.path, accuracy_level)
+    kept = keep_file_quantization(graph, source.path, accuracy_level, vocab_size)
     if kept:
         (staging / "model.onnx.data").unlink(missing_ok=True)
         external = graph.ByteSize() > EXTERNAL_DATA_THRESHOLD

@@ -28,6 +28,12 @@ class GGUFSource:
     tensor_types: dict[str, int]
     context_length: int | None
     sampling: dict[str, float]
+    pre_tokenizer: str | None = None
+
+
+# llama.cpp pre-tokenizer names (tokenizer.ggml.pre) whose regexes split every digit apart before the
+# GPT-2 split; transformers' GGUF converter drops that step ("\n\n3" came out as Ċ Ċ 3, not ĊĊ 3).
+_DIGITS_FIRST = frozenset({"smollm"})
 
 
 def find_gguf(src: Path) -> Path | None:
@@ -86,7 +92,9 @@ def inspect_gguf(path: Path, model_types: set[str]) -> GGUFSource:
         value = _field(reader, f"general.sampling.{key}")
         if value is not None:
             sampling[name] = value
-    return GGUFSource(path, architecture, dict(types), int(context) if context is not None else None, sampling)
+    pre = _field(reader, "tokenizer.ggml.pre")
+    context = int(context) if context is not None else None
+    return GGUFSource(path, architecture, dict(types), context, sampling, pre)
 
 
 def _model_type(architecture: str) -> str:
@@ -132,6 +140,13 @@ def to_transformers_folder(source: GGUFSource, folder: Path) -> None:
     del loaded
     model.save_pretrained(folder)
 
+    if source.pre_tokenizer in _DIGITS_FIRST:
+        from tokenizers import pre_tokenizers
+
+        backend = tokenizer.backend_tokenizer
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), backend.pre_tokenizer]
+        )
     if source.context_length:
         tokenizer.model_max_length = source.context_length
     if tokenizer.chat_template:

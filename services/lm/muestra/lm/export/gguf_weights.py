@@ -37,8 +37,18 @@ EXACT = frozenset(BLOCK_BYTES)
 MS_DOMAIN = "com.microsoft"
 
 
-def keep_file_quantization(model: onnx.ModelProto, gguf_path: Path, accuracy_level: int) -> dict[str, int]:
-    """Rewrite `model` in place; returns how many MatMuls and Gathers of each GGUF type were rewritten."""
+def keep_file_quantization(
+    model: onnx.ModelProto, gguf_path: Path, accuracy_level: int, vocab_size: int
+) -> dict[str, int]:
+    """Rewrite `model` in place; returns how many MatMuls and Gathers of each GGUF type were rewritten.
+
+    Accuracy level 0 keeps the model's function exact: 4-bit weights run on MatMulNBits' float
+    kernel; 8-bit ones have none on the CPU (it dequantizes every call, 100x slower), so they stay
+    float32 except the vocabulary projection, which runs on int8 activations and has its top
+    RESCORE_TOP logits of every position recomputed in float32 from the same stored rows. Level 4
+    runs every kept weight on int8 activations (faster; greedy tokens may part from the reference
+    at near-ties).
+    """
     import gguf
 
     reader = gguf.GGUFReader(gguf_path)
@@ -53,8 +63,13 @@ def keep_file_quantization(model: onnx.ModelProto, gguf_path: Path, accuracy_lev
         replacement = None
         if node.op_type == "MatMul" and node.input[1] in weights:
             source = _find_rows(numpy_helper.to_array(weights[node.input[1]]).T, rows, reader)
-            if source is not None:
-                replacement = _matmul_nbits(node, *source, accuracy_level, graph)
+            vocabulary = source is not None and source[1].shape[0] == vocab_size
+            if source is not None and (accuracy_level or source[0] != "Q8_0" or vocabulary):
+                level = 4 if source[0] == "Q8_0" else accuracy_level
+                replacement = _matmul_nbits(node, *source, level, graph)
+                if vocabulary and level and not accuracy_level and source[0] != "Q4_1":
+                    replacement += _rescore_top_logits(replacement[0], node, *source, graph)
+                    kept["rescored/" + source[0]] += 1
         elif node.op_type == "Gather" and node.input[0] in weights and _axis(node) == 0:
             source = _find_rows(numpy_helper.to_array(weights[node.input[0]]), rows, reader)
             if source is not None:
@@ -66,10 +81,64 @@ def keep_file_quantization(model: onnx.ModelProto, gguf_path: Path, accuracy_lev
             kept[f"{node.op_type}/{source[0]}"] += 1
     del graph.node[:]
     graph.node.extend(nodes)
+    _share_identical_initializers(graph)
     _drop_unused_initializers(graph)
     if not any(opset.domain == MS_DOMAIN for opset in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return dict(kept)
+
+
+# Logits of every position recomputed exactly after an int8-activation vocabulary projection: the
+# projection's error (~0.1 on SmolLM2) only ever reorders near-ties, which lie among the top few.
+RESCORE_TOP = 8
+
+
+def _rescore_top_logits(projection, node, kind: str, blocks: np.ndarray, graph) -> list:
+    """Nodes that overwrite the RESCORE_TOP largest approximate logits with float32 dot products of
+    the hidden state and the same stored rows, dequantized by GatherBlockQuantized."""
+    q, d, _ = unpack_blocks(kind, blocks)
+    stored, bits = _stored(kind, q)
+    stem = f"{node.name or node.output[0]}/rescore"
+    approx = f"{stem}/approx"
+    projection.output[0] = approx
+    data = _add(graph, stored.reshape(q.shape[0], -1), f"{stem}/data")
+    scales = _add(graph, d, f"{stem}/scales")
+    top = _add(graph, np.array([RESCORE_TOP], np.int64), f"{stem}/k")
+    last = _add(graph, np.array([-1], np.int64), f"{stem}/last_axis")
+    attrs = {"gather_axis": 0, "quantize_axis": 1, "block_size": BLOCK, "bits": bits}
+
+    def make(op: str, inputs: list[str], outputs: list[str], **kwargs):
+        return helper.make_node(op, inputs, outputs, name=f"{stem}/{op}", **kwargs)
+
+    return [
+        make("TopK", [approx, top], [f"{stem}/values", f"{stem}/ids"], axis=-1),
+        make("GatherBlockQuantized", [data, f"{stem}/ids", scales], [f"{stem}/rows"], domain=MS_DOMAIN, **attrs),
+        make("Unsqueeze", [node.input[0], last], [f"{stem}/hidden"]),  # [..., hidden, 1]
+        make("MatMul", [f"{stem}/rows", f"{stem}/hidden"], [f"{stem}/dots"]),  # [..., top, 1]
+        make("Squeeze", [f"{stem}/dots", last], [f"{stem}/exact"]),
+        make("ScatterElements", [approx, f"{stem}/ids", f"{stem}/exact"], [node.output[0]], axis=-1),
+    ]
+
+
+def _share_identical_initializers(graph) -> None:
+    """One copy of byte-identical large tables (a tied embedding's and its projection's rescoring rows)."""
+    first: dict[bytes, str] = {}
+    renamed: dict[str, str] = {}
+    for tensor in graph.initializer:
+        if len(tensor.raw_data) < 1 << 20:
+            continue
+        key = hashlib.blake2b(
+            str((list(tensor.dims), tensor.data_type)).encode() + tensor.raw_data,
+            digest_size=16,
+        ).digest()
+        if key in first:
+            renamed[tensor.name] = first[key]
+        else:
+            first[key] = tensor.name
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renamed:
+                node.input[i] = renamed[name]
 
 
 def _row_index(reader) -> dict[bytes, tuple[int, int]]:

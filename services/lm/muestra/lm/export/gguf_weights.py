@@ -14,8 +14,11 @@ sibling projections, but neither changes a row), so no tensor-name mapping is ne
   small product: the activation's block sums times it (one [K, blocks] and one [blocks, N] MatMul).
   Centring matters: with accuracy level 4 the kernel rounds activations to int8, and a weight of d·q
   (zero point 0) carried that rounding on an offset of ~7.5d: +3.3% perplexity on SmolLM2, against
-  +0.2% centred. m + 8d is exact in float32 for ordinary scales; a tensor where it is not is left
+  +0.3-0.9% centred. m + 8d is exact in float32 for ordinary scales; a tensor where it is not is left
   float32.
+
+How they are computed is `keep_file_quantization`'s accuracy level: 0 (the exporter's default for
+GGUF files) gives the same greedy tokens as transformers on the dequantized weights; 4 is faster.
 
 Dequantizing what is stored here gives the gguf package's own dequantized values bit for bit.
 """

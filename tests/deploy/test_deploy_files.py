@@ -213,8 +213,9 @@ def test_lm_image_copies_the_whole_model_and_the_tokenizer_image_its_tokenizer_a
     _, *sources, destination = tokenizer_copy.split()
     assert destination == f"{folder}/"
     # What the tokenizer loader reads (tokenizer.json, *_config.json, chat_template.jinja, merges.txt, a
-    # SentencePiece .model), never model.onnx or its external data.
-    assert sources == [f"{folder}/*.{suffix}" for suffix in ("json", "jinja", "txt", "model")]
+    # SentencePiece .model) and the weights' LICENSE and NOTICE, never model.onnx or its external data.
+    wildcards = [f"{folder}/*.{suffix}" for suffix in ("json", "jinja", "txt", "model")]
+    assert sources == [*wildcards, f"{folder}/LICENSE", f"{folder}/NOTICE"]
 
 
 def test_compose_and_kubernetes_serve_the_default_text_model_the_images_carry():

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from muestra.gateway.step_stream import StepStream
+from muestra.gateway.generation.step_stream import StepStream
 
 
 def rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:

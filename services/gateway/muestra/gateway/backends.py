@@ -12,14 +12,14 @@ from pathlib import Path
 
 import grpc
 
-from muestra.gateway.kv_admission import KvBudget
+from muestra.gateway.generation.kv_admission import KvBudget
 from muestra.gateway.prefix import LookupHealth, PrefixLookup, open_redis
 from muestra.runtime.channels import service_channel
 from muestra.runtime.errors import NotFound
 from muestra.runtime.logs import without_password
 from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc, lm_pb2, lm_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 
-log = logging.getLogger("muestra.gateway.models")
+log = logging.getLogger("muestra.gateway.backends")
 
 
 def expand_target(target: str) -> list[str]:

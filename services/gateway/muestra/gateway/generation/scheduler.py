@@ -30,19 +30,19 @@ import numpy as np
 
 from muestra.gateway import metrics
 from muestra.gateway.constraints.engine import fill_masks
-from muestra.gateway.detokenizer import Detokenizer, TokenizerFailed
-from muestra.gateway.kv_admission import KvAdmission
-from muestra.gateway.models import LmReplica, TextModel
-from muestra.gateway.progress import Progress
-from muestra.gateway.request import BeamGroup, BeamRow, GenerationRequest, Sequence
+from muestra.gateway.generation.detokenizer import Detokenizer, TokenizerFailed
+from muestra.gateway.generation.kv_admission import KvAdmission
+from muestra.gateway.backends import LmReplica, TextModel
+from muestra.gateway.generation.progress import Progress
+from muestra.gateway.generation.request import BeamGroup, BeamRow, GenerationRequest, Sequence
 from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
-from muestra.gateway.step_stream import StepStream
+from muestra.gateway.generation.step_stream import StepStream
 from muestra.runtime.errors import InvalidArgument, MuestraError, ResourceExhausted, Unavailable
 from muestra.runtime.logs import request_id_scope, request_id_var
 from muestra.runtime.step_streams import LEASE_HEADER
 from muestra.v1 import gateway_pb2, lm_pb2
 
-log = logging.getLogger("muestra.gateway.scheduler")
+log = logging.getLogger("muestra.gateway.generation.scheduler")
 Row = Sequence | BeamRow
 
 # Statuses of a Prefill that concern the request, not the replica: that request fails alone.

@@ -16,15 +16,15 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from muestra.gateway.kv_admission import KvBudget
-from muestra.gateway.models import LmReplica, TextModel, expand_target
-from muestra.gateway.request import GenerationRequest
-from muestra.gateway.scheduler import ReplicaScheduler
+from muestra.gateway.generation.kv_admission import KvBudget
+from muestra.gateway.backends import LmReplica, TextModel, expand_target
+from muestra.gateway.generation.request import GenerationRequest
+from muestra.gateway.generation.scheduler import ReplicaScheduler
 from muestra.runtime.channels import service_channel
 from muestra.runtime.errors import Unavailable
 from muestra.v1 import lm_pb2, lm_pb2_grpc
 
-log = logging.getLogger("muestra.gateway.routing")
+log = logging.getLogger("muestra.gateway.generation.routing")
 AFFINITY_ENTRIES = 65536
 
 

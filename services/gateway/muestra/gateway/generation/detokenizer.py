@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import grpc
 
-from muestra.gateway.models import TextModel
-from muestra.gateway.progress import Progress
-from muestra.gateway.request import Sequence
-from muestra.gateway.step_stream import StepStream
+from muestra.gateway.backends import TextModel
+from muestra.gateway.generation.progress import Progress
+from muestra.gateway.generation.request import Sequence
+from muestra.gateway.generation.step_stream import StepStream
 from muestra.runtime.errors import Unavailable
 from muestra.v1 import gateway_pb2, tokenizer_pb2
 

@@ -24,7 +24,7 @@ import grpc
 from muestra.runtime.deadlines import within
 from muestra.runtime.logs import request_id_scope
 
-log = logging.getLogger("muestra.gateway.step_stream")
+log = logging.getLogger("muestra.gateway.generation.step_stream")
 
 # Statuses that end a stream because of the request itself, or after the step's whole deadline:
 # retrying cannot help.

@@ -7,8 +7,8 @@ import asyncio
 import logging
 import time
 
-from muestra.gateway.config import GatewayConfig
 from muestra.gateway.backends import BackendError, ModelRegistry
+from muestra.gateway.config import GatewayConfig
 from muestra.gateway.sampling import SamplerRegistry
 from muestra.gateway.server import GatewayServicer
 from muestra.runtime import ServiceSpec, load_config, run_service

@@ -13,15 +13,15 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf import struct_pb2
 
+from muestra.gateway.backends import ModelRegistry, TextModel
 from muestra.gateway.config import GatewayConfig
 from muestra.gateway.constraints.engine import ConstraintLimits, GrammarEngine
 from muestra.gateway.constraints.registry import ConstraintRegistry
-from muestra.gateway.backends import ModelRegistry, TextModel
 from muestra.gateway.generation.progress import Watchdog
 from muestra.gateway.generation.request import GenerationRequest
 from muestra.gateway.generation.routing import Router
-from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.generation.scheduler import grpc_error_to_muestra
+from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.tokenize import TokenizeRPCs
 from muestra.gateway.tool_calls import parse_tools_json
 from muestra.runtime.deadlines import within

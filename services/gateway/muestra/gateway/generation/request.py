@@ -9,8 +9,8 @@ import time
 import grpc
 
 from muestra.gateway import metrics
-from muestra.gateway.sampling import SamplingRow, SearchRequest
 from muestra.gateway.generation.stops import StopStringMatcher
+from muestra.gateway.sampling import SamplingRow, SearchRequest
 from muestra.runtime.detokenize import DetokenizeState
 from muestra.runtime.errors import MuestraError
 from muestra.v1 import gateway_pb2

@@ -16,8 +16,8 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from muestra.gateway.generation.kv_admission import KvBudget
 from muestra.gateway.backends import LmReplica, TextModel, expand_target
+from muestra.gateway.generation.kv_admission import KvBudget
 from muestra.gateway.generation.request import GenerationRequest
 from muestra.gateway.generation.scheduler import ReplicaScheduler
 from muestra.runtime.channels import service_channel

@@ -29,14 +29,14 @@ import grpc
 import numpy as np
 
 from muestra.gateway import metrics
+from muestra.gateway.backends import LmReplica, TextModel
 from muestra.gateway.constraints.engine import fill_masks
 from muestra.gateway.generation.detokenizer import Detokenizer, TokenizerFailed
 from muestra.gateway.generation.kv_admission import KvAdmission
-from muestra.gateway.backends import LmReplica, TextModel
 from muestra.gateway.generation.progress import Progress
 from muestra.gateway.generation.request import BeamGroup, BeamRow, GenerationRequest, Sequence
-from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
 from muestra.gateway.generation.step_stream import StepStream
+from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows, sample_next_tokens
 from muestra.runtime.errors import InvalidArgument, MuestraError, ResourceExhausted, Unavailable
 from muestra.runtime.logs import request_id_scope, request_id_var
 from muestra.runtime.step_streams import LEASE_HEADER

@@ -65,7 +65,7 @@ def test_probe_windows_double_from_one_second_to_sixteen(clock):
     health, _ = _health(clock)
     health.failed("read", ConnectionError("refused"))
     probes = _probes_at(health, clock)
-    gaps = [b - a for a, b in zip([0.0, *probes], probes)]
+    gaps = [b - a for a, b in zip([0.0, *probes[:-1]], probes, strict=True)]
     assert gaps[:6] == [1.0, 2.0, 4.0, 8.0, 16.0, 16.0]
     assert set(gaps[4:]) == {16.0}
 

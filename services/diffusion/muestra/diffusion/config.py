@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from muestra.runtime import ServiceConfig
-from muestra.runtime.config import secret
+from muestra.runtime.config import RedisConfig, secret
 
 
 @dataclasses.dataclass
-class DiffusionConfig(ServiceConfig):
+class DiffusionConfig(ServiceConfig, RedisConfig):
     model: str = dataclasses.field(
         default="", metadata={"help": "diffusers Stable Diffusion folder (model_index.json, unet/, vae/, ...)"}
     )
@@ -60,10 +60,6 @@ class DiffusionConfig(ServiceConfig):
     max_queue: int = dataclasses.field(
         default=16, metadata={"help": "requests that may wait while one runs; more get RESOURCE_EXHAUSTED"}
     )
-    redis_url: str = dataclasses.field(
-        default="", metadata={"help": "Redis for the text-embedding cache, e.g. redis://127.0.0.1:6379/0 (empty: off)"}
-    )
-    redis_password: str = secret("", "Redis password, unless the URL holds one")
     cache_key: str = secret(
         "",
         "secret that keys the MAC on cached text embeddings; replicas sharing a Redis need the same one "

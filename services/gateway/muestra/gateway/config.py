@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from muestra.runtime import ServiceConfig
-from muestra.runtime.config import secret
+from muestra.runtime.config import RedisConfig, secret
 
 
 def _f(default, help_text: str):
@@ -13,7 +13,7 @@ def _f(default, help_text: str):
 
 
 @dataclasses.dataclass
-class GatewayConfig(ServiceConfig):
+class GatewayConfig(ServiceConfig, RedisConfig):
     tokenizer_addr: str = _f("", "tokenizer service address of the default text model (empty: 127.0.0.1:50052)")
     lm_addr: str = _f(
         "",
@@ -71,9 +71,6 @@ class GatewayConfig(ServiceConfig):
         "a scheduler that has work and makes no progress this long turns the gateway's health NOT_SERVING and logs "
         "what it waits for (0: off)",
     )
-    redis_url: str = _f("", "Redis URL for the prompt-prefix KV cache (empty: in-process cache)")
-    redis_password: str = secret("", "Redis password, unless the URL holds one")
-    redis_timeout_s: float = _f(0.25, "Redis connect and socket timeout for prefix lookups; slower is a miss")
     prefix_cache_block_size: int = _f(32, "tokens per prefix-cache block (0: no prefix cache)")
     prefix_cache_key_prefix: str = _f("muestra:kv:", "prefix of the cache's Redis keys (the lm's must match)")
     http_port: int = _f(8000, "OpenAI-compatible HTTP API port (0: pick a free one, -1: off)")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from muestra.runtime import ServiceConfig
-from muestra.runtime.config import secret
+from muestra.runtime.config import RedisConfig, secret
 
 
 @dataclasses.dataclass
-class LmConfig(ServiceConfig):
+class LmConfig(ServiceConfig, RedisConfig):
     model: str = dataclasses.field(
         default="", metadata={"help": "model folder (model.onnx, config.json, generation_config.json, tokenizer)"}
     )
@@ -47,17 +47,14 @@ class LmConfig(ServiceConfig):
     prefix_cache: bool = dataclasses.field(
         default=True, metadata={"help": "reuse prompt-prefix KV blocks (in Redis at --redis-url, else in process)"}
     )
-    redis_url: str = dataclasses.field(
-        default="", metadata={"help": "Redis for the prefix cache: redis://, rediss:// (TLS), with a password or not"}
-    )
-    redis_password: str = secret("", "Redis password, unless the URL holds one")
     cache_key: str = secret(
         "",
         "secret that keys the MAC on prefix-cache blocks; replicas sharing a Redis need the same one "
         "(empty: a random key per process)",
     )
+    # The lm's calls move whole KV blocks, so it waits longer than RedisConfig's 0.25 s.
     redis_timeout_s: float = dataclasses.field(
-        default=0.5, metadata={"help": "Redis connect and socket timeout; slower calls are misses"}
+        default=0.5, metadata={"help": "Redis connect and socket timeout; a slower call is a miss"}
     )
     prefix_cache_key_prefix: str = dataclasses.field(
         default="muestra:kv:", metadata={"help": "prefix of the cache's Redis keys (one namespace per tenant)"}

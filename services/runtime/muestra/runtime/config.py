@@ -53,6 +53,23 @@ def secret(default, help_text: str):
     return dataclasses.field(default=default, metadata={"help": help_text, "secret": True})
 
 
+@dataclasses.dataclass
+class RedisConfig:
+    """The Redis settings of a service that caches in Redis (a mixin: `class LmConfig(ServiceConfig, RedisConfig)`)."""
+
+    redis_url: str = dataclasses.field(
+        default="",
+        metadata={
+            "help": "Redis for the service's cache: redis://[:password@]host:port/db, rediss:// for TLS (empty: no "
+            "Redis; the gateway and lm then cache prefixes in process, and diffusion caches no text embeddings)"
+        },
+    )
+    redis_password: str = secret("", "Redis password, unless the URL holds one")
+    redis_timeout_s: float = dataclasses.field(
+        default=0.25, metadata={"help": "Redis connect and socket timeout; a slower call is a miss"}
+    )
+
+
 def _read_secret(path: str, name: str, parser: argparse.ArgumentParser) -> str:
     try:
         return Path(path).read_text().strip()

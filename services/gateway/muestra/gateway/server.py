@@ -20,10 +20,10 @@ from muestra.gateway.constraints.registry import ConstraintRegistry
 from muestra.gateway.generation.progress import Watchdog
 from muestra.gateway.generation.request import GenerationRequest
 from muestra.gateway.generation.routing import Router
-from muestra.gateway.generation.scheduler import grpc_error_to_muestra
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.tokenize import TokenizeRPCs
 from muestra.gateway.tool_calls import parse_tools_json
+from muestra.runtime.calls import grpc_error_to_muestra
 from muestra.runtime.deadlines import within
 from muestra.runtime.errors import DeadlineExceeded, InvalidArgument, Unavailable, check_limit
 from muestra.runtime.logs import request_id_var

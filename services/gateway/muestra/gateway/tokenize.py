@@ -6,7 +6,7 @@ import math
 
 import grpc
 
-from muestra.gateway.generation.scheduler import grpc_error_to_muestra
+from muestra.runtime.calls import grpc_error_to_muestra
 from muestra.runtime.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from muestra.v1 import gateway_pb2, tokenizer_pb2
 

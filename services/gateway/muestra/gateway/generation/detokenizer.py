@@ -2,9 +2,17 @@
 
 Every call has a deadline (`timeout_s`); a tokenizer that fails or does not answer in time raises
 TokenizerFailed, and the scheduler ends the requests that were waiting on it.
+
+The DetokenizeSteps stream has one owner: a task that sends the exchanges queued to it one at a
+time, in the order they were queued. The scheduler's loop (a new request's first token) and its
+overlap task (the step the lm has just left) both queue theirs. A caller that is cancelled while
+its exchange is in flight leaves it to finish (the stream stays in step) and drops the reply.
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 import grpc
 
@@ -29,12 +37,46 @@ class Detokenizer:
         self.model = model
         self.progress = progress
         self.timeout_s = timeout_s
-        # DetokenizeStep runs every step: on one open stream, not a call each time. It is used by the
-        # scheduler's loop and by its detokenization task: the stream lets one exchange in at a time.
+        # DetokenizeStep runs every step: on one open stream, not a call each time, owned by one task.
         self.stream = StepStream(model.tokenizer.DetokenizeSteps, f"tokenizer of {model.name!r}", timeout_s=timeout_s)
+        self.exchanges: asyncio.Queue[tuple[tokenizer_pb2.DetokenizeStepRequest, asyncio.Future]] = asyncio.Queue()
+        self.owner: asyncio.Task | None = None
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Stop the owner task (exchanges still queued fail as cancelled) and close the stream."""
+        if self.owner is not None:
+            self.owner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.owner
+            self.owner = None
+        while not self.exchanges.empty():
+            self.exchanges.get_nowait()[1].cancel()
         self.stream.close()
+
+    async def _exchange(self, request: tokenizer_pb2.DetokenizeStepRequest) -> tokenizer_pb2.DetokenizeStepResponse:
+        """The reply to one DetokenizeStep, sent by the stream's owner task after those queued before it."""
+        if self.owner is None or self.owner.done():
+            self.owner = asyncio.get_running_loop().create_task(self._own_stream(), name=self.stream.what)
+        reply: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.exchanges.put_nowait((request, reply))
+        return await reply
+
+    async def _own_stream(self) -> None:
+        while True:
+            request, reply = await self.exchanges.get()
+            if reply.cancelled():
+                continue  # its caller was gone before it was sent
+            try:
+                result = await self.stream.step(request)
+            except Exception as exc:  # noqa: BLE001 - the caller raises it; the owner goes on with the next exchange
+                if not reply.done():
+                    reply.set_exception(exc)
+            else:
+                if not reply.done():
+                    reply.set_result(result)
+            finally:
+                if not reply.done():  # the owner itself was cancelled
+                    reply.cancel()
 
     async def step(self, rows: list) -> None:
         """One DetokenizeStep for every row with new ids; stream the text, apply stop strings."""
@@ -52,7 +94,7 @@ class Detokenizer:
         )
         with self.progress.waiting_for(self.stream.what + " DetokenizeSteps"):
             try:
-                reply = await self.stream.step(request)
+                reply = await self._exchange(request)
             except grpc.aio.AioRpcError as exc:
                 raise TokenizerFailed(self.model, exc) from exc
         await self.name_logprob_tokens(active)

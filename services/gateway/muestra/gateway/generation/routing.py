@@ -47,8 +47,9 @@ class Router:
         self.task: asyncio.Task | None = None
 
     def _add(self, replica: LmReplica) -> ReplicaScheduler:
-        scheduler = ReplicaScheduler(self.model, replica, self.config)
-        scheduler.router = self
+        scheduler = ReplicaScheduler(
+            self.model, replica, self.config, reroute=self.reroute, out_of_rotation=self.mark_unhealthy
+        )
         self.schedulers[replica.address] = scheduler
         return scheduler
 

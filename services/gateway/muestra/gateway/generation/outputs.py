@@ -1,0 +1,170 @@
+"""What a step's output does to the rows: the tokens they take, and the rules that end them.
+
+A row takes a token from its sampler chain (or the lm's argmax), from a greedy burst, or from its
+grammar when that allows one token only (fast-forward: taken at once, fed to the lm later). Each taken
+token is streamed, advances the row's constraint, and may end the row:
+- EOS (unless ignore_eos) or one of the request's stop_token_ids: STOP, and the id is not shown as text;
+- its constraint complete: STOP; its constraint broken or at a dead end: ERROR;
+- max_tokens generated, or the context length reached: LENGTH.
+Stop strings end rows later, once the text is known (Detokenizer). A beam group streams its n best
+hypotheses when its search is done.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import numpy as np
+
+from muestra.gateway import metrics
+from muestra.gateway.constraints.engine import fill_masks
+from muestra.gateway.generation.batch import Row, groups
+from muestra.gateway.generation.request import BeamGroup, Sequence
+from muestra.gateway.sampling import StepResult, sample_next_tokens
+from muestra.v1 import gateway_pb2
+
+# Forced tokens a row may take ahead of the lm.
+MAX_QUEUED = 16
+
+
+class ModelLimits(Protocol):
+    name: str
+    eos_token_ids: tuple[int, ...]
+    tokenizer_vocab_size: int
+    context_length: int
+
+
+class OutputProcessor:
+    def __init__(self, model: ModelLimits) -> None:
+        self.model = model
+
+    def accept(
+        self, rows: list[Row], logits: np.ndarray | None, index: list[int], argmax: list[int]
+    ) -> list[BeamGroup]:
+        """Pick every row's next token (samplers, or the beam search) and apply the finish rules; the beam
+        groups whose search is done (to be finished with `finish_beams` once their text is known)."""
+        positions = [i for i, row in enumerate(rows) if isinstance(row, Sequence) and not row.in_flight]
+        if positions:
+            chosen = [rows[i] for i in positions]
+            result = sample_next_tokens(
+                [row.sampling for row in chosen], logits, [index[i] for i in positions], [argmax[i] for i in positions]
+            )
+            now = time.monotonic()
+            for k, row in enumerate(chosen):
+                self._take_sampled(row, result, k, now)
+            next_masks(chosen)
+            self.fast_forward(chosen, now)
+        done = []
+        for group, where in groups(rows).items():
+            group.pending = group.search.step(logits[[index[p] for p in where]])
+            if group.search.done:
+                done.append(group)
+        return done
+
+    def accept_burst(self, rows: list[Row], greedy_ids: list[list[int]]) -> None:
+        """Take each row's tokens of a greedy burst, in order, until the row finishes (the lm ran them all:
+        tokens after a row's end are dropped, and the row leaves the batch next step)."""
+        now = time.monotonic()
+        for row, tokens in zip(rows, greedy_ids, strict=True):
+            for token in tokens:
+                if row.finished:
+                    break
+                row.pending_token = None  # the lm fed every token of the burst but the last
+                row.sampling.context.append(token)
+                self.take_token(row, token, now)
+
+    def fast_forward(self, rows: list[Sequence], now: float) -> None:
+        """Take every token a row's grammar forces (the only one it allows) right away, without sampling; they
+        are fed to the lm later, several in one step when the batch allows (step_policy.tokens_per_row)."""
+        for row in rows:
+            while not row.finished and row.sampling.forced_token is not None and len(row.queued) < MAX_QUEUED:
+                token = row.sampling.forced_token
+                row.sampling.context.append(token)
+                self.take_token(row, token, now)
+                next_masks([row])
+
+    def _take_sampled(self, row: Sequence, result: StepResult, k: int, now: float) -> None:
+        if row.finished:  # a stop string matched while this step ran; the row leaves next step
+            return
+        if result.errors[k] is not None:
+            row.finish(gateway_pb2.ERROR)
+            row.error = result.errors[k]
+            return
+        self.take_token(row, int(result.token_ids[k]), now)
+        if row.request.logprobs:
+            row.unsent_logprobs.append(token_logprob(row.generated[-1], result, k))
+
+    def take_token(self, row: Sequence, token: int, now: float) -> None:
+        """Append a chosen token to a row: stream it, advance its constraint, and apply the finish rules."""
+        request = row.request
+        row.generated.append(token)
+        if row.first_token_at is None:
+            row.first_token_at = now
+            metrics.TIME_TO_FIRST_TOKEN.labels(self.model.name).observe(now - request.arrival)
+        else:
+            metrics.INTER_TOKEN_LATENCY.labels(self.model.name).observe(now - row.last_token_at)
+        row.last_token_at = now
+        row.unsent_ids.append(token)
+        constraint = row.sampling.constraint
+        if constraint is not None and not constraint.consume(token):
+            row.finish(gateway_pb2.ERROR)
+            row.error = constraint.error
+            return
+        if not request.ignore_eos and token in self.model.eos_token_ids:
+            row.finish(gateway_pb2.STOP, f"eos:{token}")
+        elif token in request.stop_token_ids:
+            row.finish(gateway_pb2.STOP, f"token:{token}")
+        else:
+            if token < self.model.tokenizer_vocab_size:
+                row.detok.append(token)
+            if row.pending_token is None:
+                row.pending_token = token
+            else:
+                row.queued.append(token)
+            if constraint is not None and constraint.complete:
+                row.finish(gateway_pb2.STOP, "constraint")
+        if not row.finished and (
+            len(row.generated) >= request.max_tokens
+            or len(request.prompt_ids) + len(row.generated) >= self.model.context_length
+        ):
+            row.finish(gateway_pb2.LENGTH)
+
+    def finish_beams(self, group: BeamGroup, hypotheses: list, texts: list[str]) -> None:
+        """A finished search: stream its best hypotheses (with their texts) as the n completions."""
+        now = time.monotonic()
+        for sequence, hypothesis, text in zip(group.sequences, hypotheses, texts, strict=False):
+            sequence.generated = list(hypothesis.token_ids)
+            sequence.unsent_ids = list(hypothesis.token_ids)
+            sequence.first_token_at = sequence.first_token_at or now
+            ends_with_eos = bool(hypothesis.token_ids) and hypothesis.token_ids[-1] in self.model.eos_token_ids
+            out = sequence.stops.feed(text)
+            if sequence.stops.matched is not None:
+                sequence.finish(gateway_pb2.STOP, sequence.stops.matched)
+            else:
+                out += sequence.stops.flush()
+                sequence.finish(gateway_pb2.STOP if ends_with_eos else gateway_pb2.LENGTH)
+            sequence.emit_text(out)
+            sequence.emit_done()
+        for sequence in group.sequences[len(hypotheses) :]:
+            sequence.emit_done(error="beam search produced fewer hypotheses than n")
+
+
+def token_logprob(token: int, result: StepResult, k: int) -> gateway_pb2.TokenLogprob:
+    """Row k's chosen token with its logprob and the top alternatives, as a step's result gives them."""
+    top_ids = result.top_ids[k] if result.top_ids[k] is not None else ()
+    top_logprobs = result.top_logprobs[k] if result.top_ids[k] is not None else ()
+    top = [
+        gateway_pb2.TopLogprob(token_id=int(t), logprob=float(lp)) for t, lp in zip(top_ids, top_logprobs, strict=True)
+    ]
+    return gateway_pb2.TokenLogprob(token_id=token, logprob=float(result.logprobs[k]), top=top)
+
+
+def next_masks(rows: list[Sequence]) -> None:
+    """Compute the next allowed tokens of the constrained rows still running; a dead end ends its row."""
+    running = [row for row in rows if row.sampling.constraint is not None and not row.finished]
+    fill_masks([row.sampling.constraint for row in running])
+    for row in running:
+        if row.sampling.constraint.error:
+            row.finish(gateway_pb2.ERROR)
+            row.error = row.sampling.constraint.error

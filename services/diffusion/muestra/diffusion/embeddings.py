@@ -4,7 +4,9 @@ A key hashes a model fingerprint (the text encoder's weight files, its dtype and
 prompt's token ids, so equal prompts give equal keys on every replica and after every restart. A value is a
 one-line JSON header (format version, dtype, shape) followed by the tensor's raw bytes, then a keyed MAC
 (muestra.runtime.cache_mac) over both; never pickle. A corrupt, foreign or forged entry is a miss. Redis
-being down or slow makes every lookup a miss, logged and counted; no request fails because of the cache.
+being down or slow makes every lookup a miss, logged (one line when it fails, one when it is back) and counted;
+no request fails because of the cache, and while Redis fails the cache skips it but for one probe per backoff
+window (1 s, doubling to 16 s).
 Eviction is Redis's own (maxmemory + LRU, TTLs).
 """
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +23,7 @@ import torch
 from prometheus_client import Counter
 
 from muestra.runtime.cache_mac import MAC_BYTES, CacheMac
+from muestra.runtime.calls import BackendHealth
 
 log = logging.getLogger("muestra.diffusion.embeddings")
 
@@ -31,6 +33,12 @@ QUERIES = Counter("muestra_diffusion_text_embedding_cache_queries_total", "Text-
 HITS = Counter("muestra_diffusion_text_embedding_cache_hits_total", "Text-embedding cache lookups that hit")
 ERRORS = Counter(
     "muestra_diffusion_text_embedding_cache_errors_total", "Cache reads or writes that failed (Redis down or slow)"
+)
+INCIDENTS = Counter(
+    "muestra_diffusion_text_embedding_cache_incidents_total", "Times Redis went from answering the cache to failing"
+)
+SKIPPED = Counter(
+    "muestra_diffusion_text_embedding_cache_skipped_total", "Cache reads or writes skipped during a failure's backoff"
 )
 CORRUPT = Counter("muestra_diffusion_text_embedding_cache_corrupt_total", "Entries ignored as corrupt or foreign")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -87,34 +95,38 @@ def decode_entry(blob: bytes, mac: CacheMac) -> torch.Tensor | None:
 
 
 class RedisTextEmbeddingCache:
-    """TextEmbeddingCache on Redis, with short timeouts; failures are misses."""
+    """TextEmbeddingCache on Redis, with short timeouts; failures are misses, and a failing Redis is skipped
+    between probes (muestra.runtime.calls.BackendHealth: 1 s, doubling up to 16 s)."""
 
     def __init__(self, url: str, ttl_s: int, mac: CacheMac, timeout_s: float = 0.25, password: str = "") -> None:
         import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
+        self._redis_errors = (redis.RedisError, OSError)
         self.mac = mac
         self.client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            # No client-side retries: a failure is a miss now, and the health's backoff decides when to try again.
+            retry=Retry(NoBackoff(), 0),
             **({"password": password} if password else {}),
         )  # fmt: skip
         self.ttl_s = ttl_s
-        self._last_error_log = 0.0
-
-    def _failed(self, action: str, exc: Exception) -> None:
-        ERRORS.inc()
-        if time.monotonic() - self._last_error_log > 30:  # one line per 30 s while Redis is down
-            self._last_error_log = time.monotonic()
-            log.warning("text-embedding cache %s failed (%s); computing without the cache", action, exc)
+        self.health = BackendHealth(
+            "text-embedding cache", "every prompt is encoded without the cache", log,
+            errors=ERRORS, incidents=INCIDENTS, skipped=SKIPPED,
+        )  # fmt: skip
 
     def get(self, key: str) -> torch.Tensor | None:
-        import redis
-
         QUERIES.inc()
+        if not self.health.should_try("read"):
+            return None
         try:
             blob = self.client.get(key)
-        except redis.RedisError as exc:
-            self._failed("read", exc)
+        except self._redis_errors as exc:
+            self.health.failed("read", exc)
             return None
+        self.health.succeeded("read")
         if blob is None:
             return None
         embeddings = decode_entry(blob, self.mac)
@@ -125,9 +137,11 @@ class RedisTextEmbeddingCache:
         return embeddings
 
     def put(self, key: str, embeddings: torch.Tensor) -> None:
-        import redis
-
+        if not self.health.should_try("write"):
+            return
         try:
             self.client.set(key, encode_entry(embeddings, self.mac), ex=self.ttl_s if self.ttl_s > 0 else None)
-        except redis.RedisError as exc:
-            self._failed("write", exc)
+        except self._redis_errors as exc:
+            self.health.failed("write", exc)
+            return
+        self.health.succeeded("write")

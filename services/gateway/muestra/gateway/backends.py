@@ -229,7 +229,7 @@ class ModelRegistry:
             log.info("prefix cache: off (prefix_cache_block_size 0)")
         elif prefix_health is not None:
             log.info(
-                "prefix cache: lookups in %s, blocks of %d tokens", prefix_health.what, config.prefix_cache_block_size
+                "prefix cache: lookups in %s, blocks of %d tokens", prefix_health.where, config.prefix_cache_block_size
             )
         else:
             log.info(

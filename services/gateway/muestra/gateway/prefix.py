@@ -5,7 +5,8 @@ The hash chain (muestra.runtime.prefix_hash, which the lm service uses too): h_0
 full blocks, leaving its last token out. With Redis, one pipelined EXISTS over the blocks' keys finds how
 many leading blocks are stored. Without Redis every lm replica keeps its own blocks in process, which the
 gateway cannot see: it then sends every block with cached_blocks = all of them, and the lm uses the
-longest prefix it holds. Redis failing makes a lookup a miss, counted, with one log line per incident.
+longest prefix it holds. Redis failing makes a lookup a miss, counted, with one log line per incident, and
+lookups skip it for a backoff window (muestra.runtime.calls.BackendHealth).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Histogram
 
+from muestra.runtime.calls import BackendHealth
 from muestra.runtime.prefix_hash import block_hashes
 from muestra.v1 import lm_pb2
 
@@ -47,55 +49,19 @@ INCIDENTS = Counter("muestra_prefix_cache_incidents_total", "Times Redis went fr
 SKIPPED = Counter("muestra_prefix_cache_skipped_total", "Lookups skipped during a failure's backoff window")
 
 
-class LookupHealth:
-    """Healthy, or failing from an error until a lookup succeeds: one warning and one info line per incident.
+class LookupHealth(BackendHealth):
+    """The health of the Redis that lookups go to (muestra.runtime.calls.BackendHealth), on the gateway's counters."""
 
-    While failing, lookups skip Redis except for one probe per backoff window (1 s, doubling up to 16 s).
-    """
-
-    BACKOFF_S = 1.0
-    MAX_BACKOFF_S = 16.0
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.healthy = True
-        self._since = 0.0
-        self._errors = 0
-        self._backoff = self.BACKOFF_S
-        self._retry_at = 0.0
-
-    def should_try(self) -> bool:
-        if self.healthy:
-            return True
-        now = time.monotonic()
-        if now >= self._retry_at:
-            self._retry_at = now + self._backoff
-            return True
-        SKIPPED.inc()
-        return False
-
-    def failed(self, exc: BaseException) -> None:
-        ERRORS.inc()
-        now = time.monotonic()
-        self._errors += 1
-        if self.healthy:
-            self.healthy, self._since, self._errors, self._backoff = False, now, 1, self.BACKOFF_S
-            INCIDENTS.inc()
-            log.warning(
-                "prefix cache: lookups in %s failed (%s: %s); every request is a miss until it recovers",
-                self.what, type(exc).__name__, exc,
-            )  # fmt: skip
-        else:
-            self._backoff = min(self._backoff * 2, self.MAX_BACKOFF_S)
-        self._retry_at = now + self._backoff
-
-    def succeeded(self) -> None:
-        if not self.healthy:
-            self.healthy = True
-            log.info(
-                "prefix cache: %s answers lookups again after %.1f s (%d failed lookups)",
-                self.what, time.monotonic() - self._since, self._errors,
-            )  # fmt: skip
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"prefix cache: {where}",
+            "every request is a miss",
+            log,
+            errors=ERRORS,
+            incidents=INCIDENTS,
+            skipped=SKIPPED,
+        )
+        self.where = where
 
 
 class PrefixLookup:
@@ -124,7 +90,7 @@ class PrefixLookup:
 
     async def _leading_present(self, hashes: list[bytes]) -> int:
         """How many leading blocks Redis holds (0 when it fails), in one round trip."""
-        if not self.health.should_try():
+        if not self.health.should_try("lookup"):
             return 0
         import redis
 
@@ -135,10 +101,10 @@ class PrefixLookup:
                     pipe.exists(self.key_prefix + block_hash.hex())
                 present = await asyncio.wait_for(pipe.execute(), self.pipeline_timeout_s)
         except (redis.RedisError, OSError, asyncio.TimeoutError) as exc:
-            self.health.failed(exc)
+            self.health.failed("lookup", exc)
             return 0
         REDIS_SECONDS.observe(time.perf_counter() - started)
-        self.health.succeeded()
+        self.health.succeeded("lookup")
         cached = next((i for i, n in enumerate(present) if not n), len(present))
         FOUND.labels(self.model).inc(cached * self.block_size)
         return cached

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from muestra.runtime.calls import BackendHealth
 from muestra.runtime.logs import without_password
 
 log = logging.getLogger("muestra.lm.prefix_cache")
@@ -42,68 +43,13 @@ SKIPPED = Counter(
 MEMORY_BYTES = Gauge("muestra_lm_prefix_cache_memory_bytes", "Bytes of blocks held by the in-process prefix cache")
 
 
-class CacheHealth:
-    """Whether the backend answers: healthy, or failing since an error until an op of that kind succeeds.
-
-    One warning when it starts failing and one info line when it recovers, however many requests pass
-    in between. While failing, callers skip the backend except for one probe per backoff window (1 s,
-    doubling up to 16 s), so a down Redis costs one timeout per window, not one per request.
-    """
-
-    BACKOFF_S = 1.0
-    MAX_BACKOFF_S = 16.0
+class CacheHealth(BackendHealth):
+    """The prefix-cache backend's health (muestra.runtime.calls.BackendHealth), on the lm's log and counters."""
 
     def __init__(self, what: str) -> None:
-        self.what = what
-        self.healthy = True
-        self._lock = threading.Lock()
-        self._failing_op = ""
-        self._since = 0.0
-        self._errors = 0
-        self._backoff = self.BACKOFF_S
-        self._retry_at = 0.0
-
-    def should_try(self, op: str) -> bool:
-        if self.healthy:
-            return True
-        with self._lock:
-            now = time.monotonic()
-            if self.healthy or now >= self._retry_at:
-                # This caller probes; others keep skipping until the probe's outcome is known.
-                self._retry_at = now + self._backoff
-                return True
-        SKIPPED.labels(op).inc()
-        return False
-
-    def failed(self, op: str, exc: BaseException) -> None:
-        ERRORS.labels(op).inc()
-        with self._lock:
-            now = time.monotonic()
-            self._errors += 1
-            if self.healthy:
-                self.healthy = False
-                self._failing_op, self._since, self._errors = op, now, 1
-                self._backoff = self.BACKOFF_S
-                INCIDENTS.inc()
-                log.warning(
-                    "prefix cache: %s %s failed (%s: %s); every request is a miss until it recovers "
-                    "(retrying after %.0f s, then less often)",
-                    self.what, op, type(exc).__name__, exc, self._backoff,
-                )  # fmt: skip
-            else:
-                self._backoff = min(self._backoff * 2, self.MAX_BACKOFF_S)
-            self._retry_at = now + self._backoff
-
-    def succeeded(self, op: str) -> None:
-        if self.healthy:
-            return
-        with self._lock:
-            if not self.healthy and op == self._failing_op:
-                self.healthy = True
-                log.info(
-                    "prefix cache: %s answers again after %.1f s (%d failed calls while it was failing)",
-                    self.what, time.monotonic() - self._since, self._errors,
-                )  # fmt: skip
+        super().__init__(
+            f"prefix cache: {what}", "every request is a miss", log, errors=ERRORS, incidents=INCIDENTS, skipped=SKIPPED
+        )
 
 
 class RedisBlockStore:
@@ -134,10 +80,11 @@ class RedisBlockStore:
         )
         self.client = redis.Redis(connection_pool=pool)
         self.ttl_s = ttl_s
-        self.health = CacheHealth(f"Redis at {without_password(url)}")
+        self.where = f"Redis at {without_password(url)}"
+        self.health = CacheHealth(self.where)
 
     def describe(self) -> str:
-        return f"{self.health.what} (TTL {self.ttl_s} s)"
+        return f"{self.where} (TTL {self.ttl_s} s)"
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None] | None:
         """The values of `keys` (None where absent), or None when Redis is failing."""

@@ -1,4 +1,13 @@
-"""Loading plugins: built-ins first, then entry points, minus those disabled by name."""
+"""The plugin registry: built-ins first, then entry points, minus those disabled by name; what each registered.
+
+    plugins = Plugins.load({"greedy": "muestra.gateway.samplers.greedy"})
+    samplers = plugins.call_register_hook("register_samplers", "sampler", accept_sampler)
+    plugins.records()  # every plugin found: origin, disabled, failures, names it registered per hook
+
+One failure rule for every hook: a plugin whose hook raises, or that registers something invalid,
+registers nothing from that hook call and is listed with its error. A name already registered by an
+earlier plugin is not a failure: the first registration wins and the later one is logged and skipped.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +16,13 @@ import importlib
 import importlib.metadata
 import logging
 import os
-from types import ModuleType
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import pluggy
 
-from muestra.plugin import hookspecs
+from muestra.plugin import ENTRY_POINT_GROUP, hookspecs
 
 log = logging.getLogger("muestra.plugins")
 DISABLE_ENV = "MUESTRA_DISABLE_PLUGINS"
@@ -19,25 +30,59 @@ DISABLE_ENV = "MUESTRA_DISABLE_PLUGINS"
 
 @dataclasses.dataclass
 class PluginRecord:
+    """One plugin found at start-up: where it came from and what became of it."""
+
     name: str
     distribution: str
     version: str
     disabled: bool = False
+    # Why it registers nothing from a hook: "load" or a hook name -> "ErrorType: message".
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Hook name -> the names it registered through that hook, in order.
+    registered: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors)
 
 
-def disabled_names(env: dict | None = None) -> set[str]:
+class Registration(NamedTuple):
+    """One accepted register(...) call: the name it claims, the registered value, and any aliases."""
+
+    name: str
+    value: Any
+    aliases: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """A registered value and the plugin, distribution and version it came from."""
+
+    name: str
+    value: Any
+    aliases: tuple[str, ...]
+    plugin: str
+    distribution: str
+    version: str
+
+
+class InvalidRegistration(TypeError):
+    """A plugin called register(...) with something that cannot be registered."""
+
+
+def disabled_names(env: Mapping[str, str] | None = None) -> set[str]:
     """Names listed in MUESTRA_DISABLE_PLUGINS (comma- or space-separated)."""
     raw = (os.environ if env is None else env).get(DISABLE_ENV, "")
     return {name.strip() for name in raw.replace(",", " ").split() if name.strip()}
 
 
-def _distribution_of(module: ModuleType) -> tuple[str, str]:
-    """The distribution that ships `module`, and its version ("", "" when unknown).
+def _distribution_of(module_name: str) -> tuple[str, str]:
+    """The distribution that ships the module, and its version ("", "" when unknown).
 
     Editable installs do not list their modules in the distribution's RECORD, so the
     repository's naming convention (muestra.gateway.* -> muestra-gateway) is tried first.
     """
-    parts = module.__name__.split(".")
+    parts = module_name.split(".")
     candidates = ["-".join(parts[:2]), parts[0]]
     candidates += importlib.metadata.packages_distributions().get(parts[0], [])
     for dist_name in candidates:
@@ -48,53 +93,108 @@ def _distribution_of(module: ModuleType) -> tuple[str, str]:
     return "", ""
 
 
-def call_register_hook(pm: pluggy.PluginManager, hook_name: str, make_register) -> list[str]:
-    """Call each plugin's implementation of a register-style hook with its own callback.
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
-    make_register(plugin_name) returns the `register` callable for that plugin, so every
-    registration is attributed to the plugin that made it. A plugin whose hook raises is
-    logged and skipped; the names of those plugins are returned.
-    """
-    failed = []
-    for impl in getattr(pm.hook, hook_name).get_hookimpls():
+
+class Plugins:
+    """The loaded plugins and their records. Hooks are called once, at start-up, never on the hot path."""
+
+    def __init__(self, pm: pluggy.PluginManager, records: list[PluginRecord]) -> None:
+        self.pm = pm
+        self._records = {record.name: record for record in records}
+
+    @classmethod
+    def load(cls, builtins: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Plugins:
+        """The built-ins, then every `muestra` entry point, minus those named in MUESTRA_DISABLE_PLUGINS.
+
+        builtins maps plugin name -> a module path, or an object with hookimpls (pluggy registers either).
+        """
+        disabled = disabled_names(env)
+        pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+        pm.add_hookspecs(hookspecs)
+        records: list[PluginRecord] = []
+        for name, plugin in builtins.items():
+            if isinstance(plugin, str):
+                plugin = importlib.import_module(plugin)
+            module_name = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+            records.append(PluginRecord(name, *_distribution_of(module_name), disabled=name in disabled))
+            if name not in disabled:
+                pm.register(plugin, name=name)
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = entry_point.dist.name if entry_point.dist else ""
+            version = entry_point.dist.version if entry_point.dist else ""
+            record = PluginRecord(entry_point.name, dist, version, disabled=entry_point.name in disabled)
+            if any(r.name == record.name for r in records):
+                continue  # a built-in of the same name, or the same entry point seen twice
+            records.append(record)
+            if record.disabled:
+                continue
+            try:
+                pm.register(entry_point.load(), name=entry_point.name)
+            except Exception as exc:  # a broken third-party plugin must not take the service down
+                log.exception("plugin %s from %s failed to load; skipped", entry_point.name, dist)
+                record.errors["load"] = _error(exc)
+        for record in records:
+            if record.disabled:
+                log.info("plugin %s disabled by %s", record.name, DISABLE_ENV)
+        return cls(pm, records)
+
+    def records(self) -> list[PluginRecord]:
+        """Every plugin found, disabled and failed ones included, in load order."""
+        return list(self._records.values())
+
+    def call_register_hook(
+        self,
+        hook: str,
+        what: str,
+        accept: Callable[..., Registration],
+        key: Callable[[str], str] = str,
+    ) -> list[Registered]:
+        """Call every plugin's `hook` with its own `register` callback; what they registered, first name wins.
+
+        accept(*args, **kwargs) turns one register(...) call into a Registration, raising TypeError or
+        ValueError for an invalid one. key(name) is how names compare (e.g. ignoring case).
+        """
+        taken: dict[str, Registered] = {}
+        accepted: list[Registered] = []
+        for impl in getattr(self.pm.hook, hook).get_hookimpls():
+            record = self._records[impl.plugin_name]
+            pending = self._call(impl, hook, what, accept, record)
+            for entry in pending:
+                clash = next((n for n in (entry.name, *entry.aliases) if key(n) in taken), None)
+                if clash is not None:
+                    owner = taken[key(clash)]
+                    log.warning(
+                        "plugin %s: %s %r not registered: %r is taken by %r from plugin %s",
+                        record.name, what, entry.name, clash, owner.name, owner.plugin,
+                    )  # fmt: skip
+                    continue
+                for name in (entry.name, *entry.aliases):
+                    taken[key(name)] = entry
+                accepted.append(entry)
+                record.registered.setdefault(hook, []).append(entry.name)
+        return accepted
+
+    def _call(self, impl, hook: str, what: str, accept, record: PluginRecord) -> list[Registered]:
+        """One plugin's registrations from one hook call: all of them, or none if it failed."""
+        pending: list[Registered] = []
+        invalid: list[InvalidRegistration] = []
+
+        def register(*args, **kwargs) -> None:
+            try:
+                name, value, aliases = accept(*args, **kwargs)
+            except (TypeError, ValueError) as exc:
+                invalid.append(InvalidRegistration(f"plugin {record.name!r} registered an invalid {what}: {exc}"))
+                raise invalid[-1] from None
+            pending.append(Registered(name, value, tuple(aliases), record.name, record.distribution, record.version))
+
         try:
-            impl.function(**{name: make_register(impl.plugin_name) for name in impl.argnames})
-        except Exception:  # a broken third-party plugin must not take the service down
-            log.exception("plugin %s failed in %s; skipped", impl.plugin_name, hook_name)
-            failed.append(impl.plugin_name)
-    return failed
-
-
-def load_plugins(
-    builtin_modules: dict[str, str], env: dict | None = None
-) -> tuple[pluggy.PluginManager, list[PluginRecord]]:
-    """A plugin manager holding the built-in modules and every `muestra` entry point not disabled.
-
-    builtin_modules maps plugin name -> module path, e.g. {"greedy": "muestra.gateway.samplers.greedy"}.
-    """
-    disabled = disabled_names(env)
-    pm = pluggy.PluginManager("muestra")
-    pm.add_hookspecs(hookspecs)
-    records: list[PluginRecord] = []
-    for name, module_path in builtin_modules.items():
-        module = importlib.import_module(module_path)
-        dist, version = _distribution_of(module)
-        records.append(PluginRecord(name, dist, version, disabled=name in disabled))
-        if name not in disabled:
-            pm.register(module, name=name)
-    for entry_point in importlib.metadata.entry_points(group="muestra"):
-        dist = entry_point.dist.name if entry_point.dist else ""
-        version = entry_point.dist.version if entry_point.dist else ""
-        record = PluginRecord(entry_point.name, dist, version, disabled=entry_point.name in disabled)
-        records.append(record)
-        if record.disabled or pm.has_plugin(entry_point.name):
-            continue
-        try:
-            pm.register(entry_point.load(), name=entry_point.name)
-        except Exception:  # a broken third-party plugin must not take the service down
-            log.exception("plugin %s from %s failed to load; skipped", entry_point.name, dist)
-            record.disabled = True
-    for record in records:
-        if record.disabled and record.name in disabled:
-            log.info("plugin %s disabled by %s", record.name, DISABLE_ENV)
-    return pm, records
+            impl.function(**{arg: register for arg in impl.argnames})
+            if invalid:  # the plugin caught the error itself: still a failure
+                raise invalid[0]
+        except Exception as exc:  # a broken plugin must not take the service down
+            log.exception("plugin %s failed in %s; it registers nothing from it", record.name, hook)
+            record.errors[hook] = _error(exc)
+            return []
+        return pending

@@ -5,10 +5,30 @@
     row = RowConstraint(compiled)                                 # one per completion
     fill_masks(rows); row.forced; row.consume(token)             # every decode step
 
-The built-in kinds are ordinary plugins, registered through the same `register_constraints` hook
-as third-party ones; MUESTRA_DISABLE_PLUGINS names them by module name.
+The built-in kinds are ordinary plugins, one per kind, registered through the same
+`register_constraints` hook as third-party ones; MUESTRA_DISABLE_PLUGINS names them by kind.
 """
 
+from muestra.gateway.constraints.grammar import LarkGrammar
+from muestra.gateway.constraints.json_object import JsonObject
+from muestra.gateway.constraints.json_schema import JsonSchema
+from muestra.gateway.constraints.regex import Regex
+from muestra.plugin import Constraint, hookimpl
+
+
+class BuiltinConstraint:
+    """The plugin of one built-in constraint kind."""
+
+    def __init__(self, constraint: Constraint) -> None:
+        self.constraint = constraint
+
+    @hookimpl
+    def register_constraints(self, register):
+        register(self.constraint)
+
+
+# Plugin name -> plugin, in registration order (what ConstraintRegistry.load takes as builtin_modules).
 BUILTIN_CONSTRAINT_MODULES = {
-    name: f"muestra.gateway.constraints.{name}" for name in ("json_object", "json_schema", "regex", "grammar")
+    constraint.name: BuiltinConstraint(constraint)
+    for constraint in (JsonObject(), JsonSchema(), Regex(), LarkGrammar())
 }

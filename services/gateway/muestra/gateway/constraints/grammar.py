@@ -1,6 +1,6 @@
 """Text in a context-free language given as a Lark grammar (vLLM's guided_grammar)."""
 
-from muestra.plugin import REQUIRED, Constraint, Grammar, String, hookimpl
+from muestra.plugin import REQUIRED, Constraint, Grammar, String
 
 
 class LarkGrammar(Constraint):
@@ -10,8 +10,3 @@ class LarkGrammar(Constraint):
 
     def grammar(self, params):
         return Grammar.lark(params["lark"])
-
-
-@hookimpl
-def register_constraints(register):
-    register(LarkGrammar())

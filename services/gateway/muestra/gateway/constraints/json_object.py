@@ -1,6 +1,6 @@
 """Any JSON object: OpenAI's response_format {"type": "json_object"}."""
 
-from muestra.plugin import Constraint, Grammar, hookimpl
+from muestra.plugin import Constraint, Grammar
 
 
 class JsonObject(Constraint):
@@ -10,8 +10,3 @@ class JsonObject(Constraint):
 
     def grammar(self, params):
         return Grammar.json_schema({"type": "object"})
-
-
-@hookimpl
-def register_constraints(register):
-    register(JsonObject())

@@ -2,7 +2,7 @@
 
 import json
 
-from muestra.plugin import REQUIRED, Constraint, Grammar, Param, hookimpl
+from muestra.plugin import REQUIRED, Constraint, Grammar, Param
 
 
 def _integral(value):
@@ -46,8 +46,3 @@ class JsonSchema(Constraint):
 
     def grammar(self, params):
         return Grammar.json_schema(params["schema"])
-
-
-@hookimpl
-def register_constraints(register):
-    register(JsonSchema())

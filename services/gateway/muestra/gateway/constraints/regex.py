@@ -1,6 +1,6 @@
 """Text that a regular expression matches as a whole (vLLM's guided_regex)."""
 
-from muestra.plugin import REQUIRED, Constraint, Grammar, String, hookimpl
+from muestra.plugin import REQUIRED, Constraint, Grammar, String
 
 
 class Regex(Constraint):
@@ -10,8 +10,3 @@ class Regex(Constraint):
 
     def grammar(self, params):
         return Grammar.regex(params["pattern"])
-
-
-@hookimpl
-def register_constraints(register):
-    register(Regex())

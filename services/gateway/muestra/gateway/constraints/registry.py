@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Mapping
+from typing import Any
 
 from muestra.gateway.constraints import BUILTIN_CONSTRAINT_MODULES
 from muestra.plugin import Constraint, check_constraint
-from muestra.plugin.manager import call_register_hook, load_plugins
+from muestra.plugin.manager import Plugins, Registration
 from muestra.v1 import gateway_pb2
-
-log = logging.getLogger("muestra.constraints")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +37,11 @@ class RegisteredConstraint:
         )
 
 
+def _accept(constraint: Constraint) -> Registration:
+    check_constraint(constraint)
+    return Registration(constraint.name, constraint)
+
+
 class ConstraintRegistry:
     """Constraint kinds by name. Built from the plugins once."""
 
@@ -47,38 +50,12 @@ class ConstraintRegistry:
 
     @classmethod
     def load(
-        cls, env: Mapping[str, str] | None = None, builtin_modules: Mapping[str, str] = BUILTIN_CONSTRAINT_MODULES
+        cls, env: Mapping[str, str] | None = None, builtin_modules: Mapping[str, Any] = BUILTIN_CONSTRAINT_MODULES
     ) -> ConstraintRegistry:
         """Built-ins, then every `muestra` entry point, minus those named in MUESTRA_DISABLE_PLUGINS."""
-        pm, records = load_plugins(dict(builtin_modules), None if env is None else dict(env))
-        by_plugin = {record.name: record for record in records}
-        registered: dict[str, RegisteredConstraint] = {}
-        names_by_plugin: dict[str, list[str]] = {}
-
-        def make_register(plugin: str):
-            def register(constraint: Constraint) -> None:
-                try:
-                    check_constraint(constraint)
-                except (TypeError, ValueError) as exc:
-                    raise TypeError(f"plugin {plugin!r} registered an invalid constraint: {exc}") from None
-                if constraint.name in registered:
-                    first = registered[constraint.name].plugin
-                    log.warning(
-                        "constraint %r from plugin %s ignored: %s registered it first", constraint.name, plugin, first
-                    )
-                    return
-                record = by_plugin.get(plugin)
-                dist, version = (record.distribution, record.version) if record else ("", "")
-                registered[constraint.name] = RegisteredConstraint(constraint, plugin, dist, version)
-                names_by_plugin.setdefault(plugin, []).append(constraint.name)
-
-            return register
-
-        failed = set(call_register_hook(pm, "register_constraints", make_register))
-        for plugin in failed:  # all or nothing, as for samplers
-            for name in names_by_plugin.pop(plugin, []):
-                del registered[name]
-        return cls(list(registered.values()))
+        plugins = Plugins.load(builtin_modules, env)
+        registered = plugins.call_register_hook("register_constraints", "constraint", _accept)
+        return cls([RegisteredConstraint(e.value, e.plugin, e.distribution, e.version) for e in registered])
 
     def __contains__(self, name: str) -> bool:
         return name in self._constraints

@@ -1,22 +1,49 @@
-"""The built-in samplers. Each module is an ordinary plugin, registered through the same
-`register_samplers` hook as third-party ones; its plugin name is its module name, so
+"""The built-in samplers, one per module. Each is an ordinary plugin of its own, registered through
+the same `register_samplers` hook as third-party ones and named after its sampler, so
 MUESTRA_DISABLE_PLUGINS=typical_p disables the built-in typical_p.
 """
 
+from muestra.gateway.samplers.beam_search import BeamSearchStrategy
+from muestra.gateway.samplers.frequency_penalty import FrequencyPenalty
+from muestra.gateway.samplers.greedy import Greedy
+from muestra.gateway.samplers.logit_bias import LogitBias
+from muestra.gateway.samplers.min_p import MinP
+from muestra.gateway.samplers.presence_penalty import PresencePenalty
+from muestra.gateway.samplers.repetition_penalty import RepetitionPenalty
+from muestra.gateway.samplers.sample import Sample
+from muestra.gateway.samplers.temperature import Temperature
+from muestra.gateway.samplers.top_k import TopK
+from muestra.gateway.samplers.top_p import TopP
+from muestra.gateway.samplers.typical_p import TypicalP
+from muestra.plugin import Sampler, hookimpl
+
+
+class BuiltinSampler:
+    """The plugin of one built-in sampler."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    @hookimpl
+    def register_samplers(self, register):
+        register(self.sampler)
+
+
+# Plugin name -> plugin, in registration order (what SamplerRegistry.load takes as builtin_modules).
 BUILTIN_SAMPLER_MODULES = {
-    name: f"muestra.gateway.samplers.{name}"
-    for name in (
-        "greedy",
-        "sample",
-        "beam_search",
-        "logit_bias",
-        "repetition_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "temperature",
-        "top_k",
-        "top_p",
-        "min_p",
-        "typical_p",
+    sampler.name: BuiltinSampler(sampler)
+    for sampler in (
+        Greedy(),
+        Sample(),
+        BeamSearchStrategy(),
+        LogitBias(),
+        RepetitionPenalty(),
+        PresencePenalty(),
+        FrequencyPenalty(),
+        Temperature(),
+        TopK(),
+        TopP(),
+        MinP(),
+        TypicalP(),
     )
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from muestra.plugin import Float, Hypothesis, Int, Param, SearchStep, SearchStrategy, hookimpl
+from muestra.plugin import Float, Hypothesis, Int, Param, SearchStep, SearchStrategy
 
 MASK = np.float32(-1.0e9)
 
@@ -147,8 +147,3 @@ class BeamSearchStrategy(SearchStrategy):
         return BeamSearch(
             params["num_beams"], params["length_penalty"], params["early_stopping"], model.eos_token_ids, max_new_tokens
         )
-
-
-@hookimpl
-def register_samplers(register):
-    register(BeamSearchStrategy())

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from muestra.plugin import Float, LogitsProcessor, hookimpl
+from muestra.plugin import Float, LogitsProcessor
 
 
 class FrequencyPenalty(LogitsProcessor):
@@ -23,8 +23,3 @@ class FrequencyPenalty(LogitsProcessor):
         penalty = np.array([p["frequency_penalty"] for p in params], dtype=np.float32)
         logits[row_index, token_index] -= penalty[row_index] * counts
         return logits
-
-
-@hookimpl
-def register_samplers(register):
-    register(FrequencyPenalty())

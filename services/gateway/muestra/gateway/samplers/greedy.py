@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from muestra.plugin import TokenSelector, hookimpl
+from muestra.plugin import TokenSelector
 
 
 class Greedy(TokenSelector):
@@ -12,8 +12,3 @@ class Greedy(TokenSelector):
 
     def select(self, logits, params, rows) -> np.ndarray:
         return np.argmax(logits, axis=-1).astype(np.int64)
-
-
-@hookimpl
-def register_samplers(register):
-    register(Greedy())

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from muestra.plugin import REQUIRED, LogitsProcessor, Param, SamplerParamError, hookimpl
+from muestra.plugin import REQUIRED, LogitsProcessor, Param, SamplerParamError
 
 MAX_BIASED_TOKENS = 1024
 
@@ -60,8 +60,3 @@ class LogitBias(LogitsProcessor):
             tokens = np.fromiter(p["logit_bias"].keys(), dtype=np.int64)
             logits[row, tokens] += np.fromiter(p["logit_bias"].values(), dtype=np.float32)
         return logits
-
-
-@hookimpl
-def register_samplers(register):
-    register(LogitBias())

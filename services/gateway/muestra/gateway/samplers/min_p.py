@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from muestra.plugin import Float, LogitsProcessor, column, hookimpl
+from muestra.plugin import Float, LogitsProcessor, column
 
 
 class MinP(LogitsProcessor):
@@ -16,8 +16,3 @@ class MinP(LogitsProcessor):
         relative = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
         logits[relative < column(params, "min_p")] = -np.inf
         return logits
-
-
-@hookimpl
-def register_samplers(register):
-    register(MinP())

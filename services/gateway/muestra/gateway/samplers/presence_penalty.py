@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from muestra.plugin import Float, LogitsProcessor, hookimpl
+from muestra.plugin import Float, LogitsProcessor
 
 
 class PresencePenalty(LogitsProcessor):
@@ -18,8 +18,3 @@ class PresencePenalty(LogitsProcessor):
         penalty = np.array([p["presence_penalty"] for p in params], dtype=np.float32)
         logits[row_index, token_index] -= penalty[row_index]
         return logits
-
-
-@hookimpl
-def register_samplers(register):
-    register(PresencePenalty())

@@ -6,7 +6,7 @@ negative, score / penalty otherwise; the prompt counts, as in transformers' gene
 
 import numpy as np
 
-from muestra.plugin import Float, LogitsProcessor, hookimpl
+from muestra.plugin import Float, LogitsProcessor
 
 
 class RepetitionPenalty(LogitsProcessor):
@@ -25,8 +25,3 @@ class RepetitionPenalty(LogitsProcessor):
         scores = logits[row_index, token_index]
         logits[row_index, token_index] = np.where(scores < 0, scores * penalty, scores / penalty)
         return logits
-
-
-@hookimpl
-def register_samplers(register):
-    register(RepetitionPenalty())

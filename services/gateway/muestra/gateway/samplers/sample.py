@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from muestra.plugin import TokenSelector, hookimpl
+from muestra.plugin import TokenSelector
 
 BLOCK = 256
 
@@ -35,8 +35,3 @@ class Sample(TokenSelector):
         left = draw - (block_cdf[index, block] - block_mass[index, block])
         left = np.minimum(left, np.nextafter(inner_cdf[:, -1], -np.inf))
         return (block * BLOCK + np.sum(inner_cdf <= left[:, None], axis=-1)).astype(np.int64)
-
-
-@hookimpl
-def register_samplers(register):
-    register(Sample())

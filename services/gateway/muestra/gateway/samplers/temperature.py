@@ -1,6 +1,6 @@
 """Temperature: divide the scores by t (t < 1 sharpens, t > 1 flattens); transformers' TemperatureLogitsWarper."""
 
-from muestra.plugin import Float, LogitsProcessor, column, hookimpl
+from muestra.plugin import Float, LogitsProcessor, column
 
 
 class Temperature(LogitsProcessor):
@@ -13,8 +13,3 @@ class Temperature(LogitsProcessor):
     def process(self, logits, params, rows):
         logits /= column(params, "temperature")
         return logits
-
-
-@hookimpl
-def register_samplers(register):
-    register(Temperature())

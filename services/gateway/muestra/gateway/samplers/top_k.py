@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from muestra.plugin import Int, LogitsProcessor, group_rows, hookimpl, kth_largest
+from muestra.plugin import Int, LogitsProcessor, group_rows, kth_largest
 
 
 class TopK(LogitsProcessor):
@@ -21,8 +21,3 @@ class TopK(LogitsProcessor):
             part[part < kth_largest(part, k)] = -np.inf
             logits[index] = part
         return logits
-
-
-@hookimpl
-def register_samplers(register):
-    register(TopK())

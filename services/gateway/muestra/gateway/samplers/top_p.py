@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from muestra.plugin import Float, LogitsProcessor, column, hookimpl, nucleus_threshold
+from muestra.plugin import Float, LogitsProcessor, column, nucleus_threshold
 
 
 class TopP(LogitsProcessor):
@@ -22,8 +22,3 @@ class TopP(LogitsProcessor):
         if not active.all():
             logits[active] = part
         return logits
-
-
-@hookimpl
-def register_samplers(register):
-    register(TopP())

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from muestra.plugin import Float, LogitsProcessor, column, hookimpl, log_softmax, mass_prefix_mask
+from muestra.plugin import Float, LogitsProcessor, column, log_softmax, mass_prefix_mask
 
 
 class TypicalP(LogitsProcessor):
@@ -20,8 +20,3 @@ class TypicalP(LogitsProcessor):
         keep = mass_prefix_mask(distance, p, column(params, "typical_p"))
         logits[~keep] = -np.inf
         return logits
-
-
-@hookimpl
-def register_samplers(register):
-    register(TypicalP())

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Mapping
+from typing import Any
 
 from muestra.gateway.samplers import BUILTIN_SAMPLER_MODULES
 from muestra.plugin import Sampler, check_sampler, kind_of
-from muestra.plugin.manager import call_register_hook, load_plugins
+from muestra.plugin.manager import Plugins, Registration
 from muestra.v1 import gateway_pb2
-
-log = logging.getLogger("muestra.samplers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +62,9 @@ class PluginSummary:
     name: str
     distribution: str
     version: str
-    disabled: bool
+    disabled: bool  # by MUESTRA_DISABLE_PLUGINS, or failed to load or to register
     samplers: tuple[str, ...]
+    errors: Mapping[str, str] = dataclasses.field(default_factory=dict)  # "load" or hook name -> error
 
     def to_proto(self) -> gateway_pb2.PluginInfo:
         return gateway_pb2.PluginInfo(
@@ -77,6 +76,11 @@ class PluginSummary:
         )
 
 
+def _accept(sampler: Sampler) -> Registration:
+    check_sampler(sampler)
+    return Registration(sampler.name, sampler)
+
+
 class SamplerRegistry:
     """Samplers by name. Built from the plugins once; the hot path only reads it."""
 
@@ -86,48 +90,24 @@ class SamplerRegistry:
 
     @classmethod
     def load(
-        cls, env: Mapping[str, str] | None = None, builtin_modules: Mapping[str, str] = BUILTIN_SAMPLER_MODULES
+        cls, env: Mapping[str, str] | None = None, builtin_modules: Mapping[str, Any] = BUILTIN_SAMPLER_MODULES
     ) -> SamplerRegistry:
         """Built-ins, then every `muestra` entry point, minus those named in MUESTRA_DISABLE_PLUGINS."""
-        pm, records = load_plugins(dict(builtin_modules), None if env is None else dict(env))
-        by_plugin = {record.name: record for record in records}
-        registered: dict[str, RegisteredSampler] = {}
-        names_by_plugin: dict[str, list[str]] = {}
-
-        def make_register(plugin: str):
-            def register(sampler: Sampler) -> None:
-                try:
-                    check_sampler(sampler)
-                except (TypeError, ValueError) as exc:
-                    raise TypeError(f"plugin {plugin!r} registered an invalid sampler: {exc}") from None
-                if sampler.name in registered:
-                    first = registered[sampler.name].plugin
-                    log.warning(
-                        "sampler %r from plugin %s ignored: plugin %s registered it first", sampler.name, plugin, first
-                    )
-                    return
-                record = by_plugin.get(plugin)
-                dist, version = (record.distribution, record.version) if record else ("", "")
-                registered[sampler.name] = RegisteredSampler(sampler, plugin, dist, version)
-                names_by_plugin.setdefault(plugin, []).append(sampler.name)
-
-            return register
-
-        failed = set(call_register_hook(pm, "register_samplers", make_register))
-        for plugin in failed:  # all or nothing: drop what a failed plugin registered before failing
-            for name in names_by_plugin.pop(plugin, []):
-                del registered[name]
+        plugins = Plugins.load(builtin_modules, env)
+        registered = plugins.call_register_hook("register_samplers", "sampler", _accept)
+        samplers = [RegisteredSampler(e.value, e.plugin, e.distribution, e.version) for e in registered]
         summaries = [
             PluginSummary(
                 record.name,
                 record.distribution,
                 record.version,
-                record.disabled or record.name in failed,
-                tuple(names_by_plugin.get(record.name, ())),
+                record.disabled or record.failed,
+                tuple(record.registered.get("register_samplers", ())),
+                record.errors,
             )
-            for record in records
+            for record in plugins.records()
         ]
-        return cls(list(registered.values()), summaries)
+        return cls(samplers, summaries)
 
     def __contains__(self, name: str) -> bool:
         return name in self._samplers

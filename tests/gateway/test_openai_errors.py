@@ -13,7 +13,7 @@ import urllib.request
 import openai
 import pytest
 
-from muestra.gateway.openai.app import TextRun
+from muestra.gateway.openai.text import TextRun
 from muestra.v1 import gateway_pb2
 from tests.harness import free_port
 

@@ -18,6 +18,7 @@ import jsonschema
 import numpy as np
 import openai
 import pytest
+from fastapi.routing import iter_route_contexts
 from PIL import Image
 
 from muestra.gateway.openai import create_app
@@ -165,7 +166,7 @@ def every_route() -> list[tuple[str, str]]:
     app = create_app(None, ["key"], 1024).app
     return [
         (method, re.sub(r"\{[^}]*\}", "x", route.path))
-        for route in app.routes
+        for route in iter_route_contexts(app.routes)  # through the included routers
         for method in sorted(getattr(route, "methods", None) or ())
         if method != "HEAD"
     ]

@@ -1,4 +1,5 @@
-"""Read-only JSON listings the playground reads (muestra extensions): samplers, schedulers, the gateway's state.
+"""Read-only JSON listings: OpenAI's /v1/models, and those the playground reads (muestra extensions):
+/v1/samplers, /v1/schedulers and the gateway's state at /v1/status.
 
 Each is what the gRPC API or the gateway's metrics already say, as JSON; every one needs the API key.
 """
@@ -11,13 +12,16 @@ import logging
 import time
 
 import grpc
-from fastapi import FastAPI
+from fastapi import APIRouter, Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
+from muestra.gateway.openai.errors import OpenAIError
+from muestra.gateway.openai.state import Servicer
 from muestra.v1 import diffusion_pb2, gateway_pb2
 
 log = logging.getLogger("muestra.gateway.openai")
+router = APIRouter(prefix="/v1")
 # As ListPlugins waits for a diffusion service's schedulers.
 LIST_TIMEOUT_S = 5.0
 
@@ -46,97 +50,121 @@ async def _schedulers(model) -> diffusion_pb2.ListSchedulersResponse | None:
         return None
 
 
-def add_listings(app: FastAPI, servicer) -> None:
-    """GET /v1/samplers, /v1/schedulers and /v1/status."""
-    started = time.monotonic()
+async def _model_cards(servicer, created: int) -> list[dict]:
+    listing = await servicer.ListModels(gateway_pb2.ListModelsRequest(), None)
+    cards = []
+    for m in listing.models:
+        card = {"id": m.name, "object": "model", "created": created, "owned_by": "muestra", "kind": m.kind}
+        if m.kind == "text":
+            card.update(max_model_len=m.context_length, vocab_size=m.vocab_size, replicas=m.replicas)
+        cards.append(card)
+    return cards
 
-    @app.get("/v1/samplers")
-    async def samplers() -> dict:
-        listing = await servicer.ListSamplers(gateway_pb2.ListSamplersRequest(), None)
-        return {
-            "object": "list",
-            "data": [
+
+@router.get("/models")
+async def list_models(http: Request, servicer: Servicer) -> dict:
+    return {"object": "list", "data": await _model_cards(servicer, http.app.state.created)}
+
+
+@router.get("/models/{model:path}")
+async def retrieve_model(model: str, http: Request, servicer: Servicer) -> dict:
+    cards = await _model_cards(servicer, http.app.state.created)
+    for card in cards:
+        if card["id"] == model:
+            return card
+    known = ", ".join(card["id"] for card in cards) or "none"
+    raise OpenAIError(404, f"model: unknown model {model!r}; known: {known}", param="model", code="model_not_found")
+
+
+@router.get("/samplers")
+async def samplers(servicer: Servicer) -> dict:
+    listing = await servicer.ListSamplers(gateway_pb2.ListSamplersRequest(), None)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "name": s.name,
+                "plugin": s.plugin,
+                "distribution": s.distribution,
+                "version": s.version,
+                "description": s.description,
+                "parameters": json.loads(s.parameter_schema or "{}"),
+                "argmax_invariant": s.argmax_invariant,
+            }
+            for s in listing.samplers
+        ],
+    }
+
+
+@router.get("/schedulers")
+async def schedulers(servicer: Servicer) -> dict:
+    found: dict[str, dict] = {}
+    unanswered = []
+    models = list(servicer.registry.image.values())
+    replies = await asyncio.gather(*(_schedulers(model) for model in models))
+    for model, reply in zip(models, replies, strict=True):
+        if reply is None:  # the others are still worth listing: say whose schedulers are missing instead
+            unanswered.append(model.name)
+            continue
+        for s in reply.schedulers:
+            entry = found.setdefault(
+                s.name,
                 {
                     "name": s.name,
+                    "aliases": list(s.aliases),
                     "plugin": s.plugin,
                     "distribution": s.distribution,
                     "version": s.version,
-                    "description": s.description,
-                    "parameters": json.loads(s.parameter_schema or "{}"),
-                    "argmax_invariant": s.argmax_invariant,
-                }
-                for s in listing.samplers
-            ],
-        }
-
-    @app.get("/v1/schedulers")
-    async def schedulers() -> dict:
-        found: dict[str, dict] = {}
-        unanswered = []
-        models = list(servicer.registry.image.values())
-        replies = await asyncio.gather(*(_schedulers(model) for model in models))
-        for model, reply in zip(models, replies, strict=True):
-            if reply is None:  # the others are still worth listing: say whose schedulers are missing instead
-                unanswered.append(model.name)
-                continue
-            for s in reply.schedulers:
-                entry = found.setdefault(
-                    s.name,
-                    {
-                        "name": s.name,
-                        "aliases": list(s.aliases),
-                        "plugin": s.plugin,
-                        "distribution": s.distribution,
-                        "version": s.version,
-                        "models": [],
-                    },
-                )
-                entry["models"].append(model.name)
-        return {"object": "list", "data": list(found.values()), "unanswered_image_models": unanswered}
-
-    @app.get("/v1/status")
-    async def status() -> dict:
-        models = []
-        running = waiting = 0
-        query_tokens = hit_tokens = 0
-        enabled = False
-        for model in servicer.registry.text.values():
-            router = servicer.routers[model.name]
-            replicas = []
-            for scheduler in list(router.schedulers.values()):
-                rows = len(scheduler.rows) + sum(len(r) for _, r in list(scheduler.joining))
-                replica = {
-                    "address": scheduler.replica.address,
-                    "healthy": scheduler.healthy,
-                    "requests_running": scheduler.running_requests(),
-                    "requests_waiting": len(scheduler.waiting),
-                    "rows_running": rows,
-                }
-                running += replica["requests_running"]
-                waiting += replica["requests_waiting"]
-                replicas.append(replica)
-            if model.prefix_cache is not None:
-                enabled = True
-                query_tokens += _tokens("muestra_prefix_cache_queries_total", model.name)
-                hit_tokens += _tokens("muestra_prefix_cache_hits_total", model.name)
-            models.append(
-                {"name": model.name, "kind": "text", "context_length": model.context_length, "replicas": replicas}
+                    "models": [],
+                },
             )
-        images = list(servicer.registry.image.values())
-        timeout_s = servicer.config.health_timeout_s
-        health = await asyncio.gather(*(_serving(m.channel, timeout_s) for m in images))
-        for model, healthy in zip(images, health, strict=True):
-            models.append(
-                {"name": model.name, "kind": "image", "replicas": [{"address": model.address, "healthy": healthy}]}
-            )
-        return {
-            "models": models,
-            "requests": {"running": running, "waiting": waiting},
-            "prefix_cache": {
-                "enabled": enabled,
-                "query_tokens": query_tokens,
-                "hit_tokens": hit_tokens,
-                "hit_rate": hit_tokens / query_tokens if enabled and query_tokens else None,
-            },
-            "uptime_s": time.monotonic() - started,
-        }
+            entry["models"].append(model.name)
+    return {"object": "list", "data": list(found.values()), "unanswered_image_models": unanswered}
+
+
+def _replica(scheduler) -> dict:
+    """One lm replica of a text model, as /v1/status shows it."""
+    return {
+        "address": scheduler.replica.address,
+        "healthy": scheduler.healthy,
+        "requests_running": scheduler.running_requests(),
+        "requests_waiting": len(scheduler.waiting),
+        "rows_running": scheduler.rows_running(),
+    }
+
+
+@router.get("/status")
+async def status(http: Request, servicer: Servicer) -> dict:
+    models = []
+    running = waiting = 0
+    query_tokens = hit_tokens = 0
+    enabled = False
+    for model in servicer.registry.text.values():
+        replicas = [_replica(scheduler) for scheduler in list(servicer.routers[model.name].schedulers.values())]
+        running += sum(replica["requests_running"] for replica in replicas)
+        waiting += sum(replica["requests_waiting"] for replica in replicas)
+        if model.prefix_cache is not None:
+            enabled = True
+            query_tokens += _tokens("muestra_prefix_cache_queries_total", model.name)
+            hit_tokens += _tokens("muestra_prefix_cache_hits_total", model.name)
+        models.append(
+            {"name": model.name, "kind": "text", "context_length": model.context_length, "replicas": replicas}
+        )
+    images = list(servicer.registry.image.values())
+    timeout_s = servicer.config.health_timeout_s
+    health = await asyncio.gather(*(_serving(m.channel, timeout_s) for m in images))
+    for model, healthy in zip(images, health, strict=True):
+        models.append(
+            {"name": model.name, "kind": "image", "replicas": [{"address": model.address, "healthy": healthy}]}
+        )
+    return {
+        "models": models,
+        "requests": {"running": running, "waiting": waiting},
+        "prefix_cache": {
+            "enabled": enabled,
+            "query_tokens": query_tokens,
+            "hit_tokens": hit_tokens,
+            "hit_rate": hit_tokens / query_tokens if enabled and query_tokens else None,
+        },
+        "uptime_s": time.monotonic() - http.app.state.started,
+    }

@@ -10,7 +10,7 @@ import hashlib
 import mimetypes
 from importlib import resources
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 STATIC = resources.files(__package__) / "static"
@@ -23,7 +23,8 @@ POLICY = (
 )
 
 
-def _load() -> dict[str, tuple[bytes, str, str]]:
+def load_files() -> dict[str, tuple[bytes, str, str]]:
+    """name -> (body, content type, ETag) of every file in static/; create_app reads them once, at start-up."""
     files = {}
     for entry in STATIC.iterdir():
         if entry.is_file() and not entry.name.startswith("."):
@@ -41,30 +42,31 @@ def is_open_path(path: str) -> bool:
     return path == "/" or path.startswith(PREFIX)
 
 
-def mount_playground(app: FastAPI) -> None:
-    """Routes for / (index.html) and /ui/<file>; the files are read once, at start-up."""
-    files = _load()
+router = APIRouter(include_in_schema=False)
 
-    def serve(name: str, request: Request) -> Response:
-        found = files.get(name)
-        if found is None:
-            return Response(f"no such file: {name}\n", status_code=404, media_type="text/plain")
-        body, kind, etag = found
-        headers = {
-            "ETag": etag,
-            "Cache-Control": "no-cache",
-            "X-Content-Type-Options": "nosniff",
-            "Content-Security-Policy": POLICY,
-            "Referrer-Policy": "no-referrer",
-        }
-        if request.headers.get("if-none-match") == etag:
-            return Response(status_code=304, headers=headers)
-        return Response(body, media_type=kind, headers=headers)
 
-    @app.get("/", include_in_schema=False)
-    async def index(request: Request) -> Response:
-        return serve("index.html", request)
+def _serve(name: str, request: Request) -> Response:
+    found = request.app.state.playground_files.get(name)
+    if found is None:
+        return Response(f"no such file: {name}\n", status_code=404, media_type="text/plain")
+    body, kind, etag = found
+    headers = {
+        "ETag": etag,
+        "Cache-Control": "no-cache",
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": POLICY,
+        "Referrer-Policy": "no-referrer",
+    }
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type=kind, headers=headers)
 
-    @app.get(PREFIX + "{name}", include_in_schema=False)
-    async def static_file(name: str, request: Request) -> Response:
-        return serve(name, request)
+
+@router.get("/")
+async def index(request: Request) -> Response:
+    return _serve("index.html", request)
+
+
+@router.get(PREFIX + "{name}")
+async def static_file(name: str, request: Request) -> Response:
+    return _serve(name, request)

@@ -1,5 +1,6 @@
-"""The gateway's HTTP API: OpenAI's routes under /v1, muestra's listings (/v1/samplers, /v1/schedulers,
-/v1/status), /health, /metrics, and the playground at / (muestra.gateway.playground)."""
+"""The gateway's HTTP API. app.py builds it from routers: OpenAI's generation routes (routes.py), the listings
+(listings.py: /v1/models, /v1/samplers, /v1/schedulers, /v1/status), AUTOMATIC1111's API (muestra.gateway.a1111),
+the playground at / (muestra.gateway.playground), /health and /metrics; edge.py is what every request goes through."""
 
 from __future__ import annotations
 

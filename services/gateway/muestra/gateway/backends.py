@@ -100,40 +100,31 @@ def _endpoints_from_config(config) -> tuple[dict, dict]:
     return text, image
 
 
-# Each start-up call to a backend gets this long before it is tried again.
-_CONNECT_CALL_S = 10.0
 DEFAULT_LM_ADDR = "127.0.0.1:50053"
 DEFAULT_TOKENIZER_ADDR = "127.0.0.1:50052"
+# A backend not connected within this long at start-up gets one warning line; the gateway waits on.
+_QUIET_S = 1.0
 
 
 class BackendError(Exception):
     """A backend the gateway was told to use cannot be used; the message says which and what to change."""
 
 
-def _describe_lm(replica: LmReplica):
-    return replica.stub.Describe(lm_pb2.DescribeModelRequest(), timeout=_CONNECT_CALL_S)
-
-
-async def _retry(what: str, call, deadline: float, setting: str):
-    """call() until it answers; a backend still not answering at `deadline` is a BackendError naming `setting`."""
-    waiting = False
-    while True:
-        try:
-            return await call()
-        except grpc.aio.AioRpcError as exc:
-            loop = asyncio.get_running_loop()
-            if loop.time() > deadline:
-                raise BackendError(
-                    f"{what} did not answer ({exc.code().name}: {exc.details()}); "
-                    f"check that it runs, or change {setting}"
-                ) from None
-            if not waiting:
-                waiting = True
-                log.warning(
-                    "waiting up to %.0f s for %s (%s); %s sets its address", deadline - loop.time(), what,
-                    exc.code().name, setting,
-                )  # fmt: skip
-            await asyncio.sleep(0.5)
+async def _call_at_startup(what: str, setting: str, deadline: float, channel: grpc.aio.Channel, method, request):
+    """method(request), waiting (wait_for_ready) until `deadline` for the backend; a BackendError naming `setting`."""
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.wait_for(channel.channel_ready(), max(0.0, min(_QUIET_S, deadline - loop.time())))
+    except TimeoutError:
+        log.warning("waiting up to %.0f s for %s; %s sets its address", deadline - loop.time(), what, setting)
+    try:
+        return await method(request, timeout=max(0.001, deadline - loop.time()), wait_for_ready=True)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            problem = "did not answer within --startup-timeout-s; check that it runs"
+        else:
+            problem = f"answered {exc.code().name} ({exc.details()}); check its settings"
+        raise BackendError(f"{what} {problem}, or change {setting}") from None
 
 
 class ModelRegistry:
@@ -165,27 +156,25 @@ class ModelRegistry:
             self._redis = open_redis(config.redis_url, config.redis_timeout_s, config.redis_password)
             prefix_health = LookupHealth(f"Redis at {without_password(config.redis_url)}")
         for name, spec in text_spec.items():
-            tokenizer = tokenizer_pb2_grpc.TokenizerStub(self._channel(spec["tokenizer"], config.max_message_bytes))
+            tokenizer_channel = self._channel(spec["tokenizer"], config.max_message_bytes)
+            tokenizer = tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel)
             addresses = [address for target in spec["lm"] for address in expand_target(target)]
             channels = [self._channel(addr, config.max_message_bytes) for addr in addresses]
             replicas = [
                 LmReplica(addr, lm_pb2_grpc.LanguageModelStub(channel), channel)
                 for addr, channel in zip(addresses, channels, strict=True)
             ]
-            lm_info = await _retry(
-                f"the lm service at {spec['lm'][0]}", lambda r=replicas[0]: _describe_lm(r), deadline, lm_setting
-            )
+            lm_info = await _call_at_startup(
+                f"the lm service at {spec['lm'][0]}", lm_setting, deadline,
+                replicas[0].channel, replicas[0].stub.Describe, lm_pb2.DescribeModelRequest(),
+            )  # fmt: skip
             replicas[0].max_greedy_steps = max(1, lm_info.max_greedy_steps)
             replicas[0].kv = KvBudget.from_describe(lm_info)
             tok_model = spec.get("tokenizer_model", "")
-            tok_info = await _retry(
-                f"the tokenizer service at {spec['tokenizer']}",
-                lambda t=tokenizer, m=tok_model: t.Describe(
-                    tokenizer_pb2.DescribeTokenizerRequest(model=m), timeout=_CONNECT_CALL_S
-                ),
-                deadline,
-                tokenizer_setting,
-            )
+            tok_info = await _call_at_startup(
+                f"the tokenizer service at {spec['tokenizer']}", tokenizer_setting, deadline,
+                tokenizer_channel, tokenizer.Describe, tokenizer_pb2.DescribeTokenizerRequest(model=tok_model),
+            )  # fmt: skip
             model = TextModel(
                 name=name or lm_info.model,
                 tokenizer=tokenizer,
@@ -201,9 +190,10 @@ class ModelRegistry:
                 targets=tuple(spec["lm"]),
             )
             for replica in replicas[1:]:
-                other = await _retry(
-                    f"the lm service at {replica.address}", lambda r=replica: _describe_lm(r), deadline, lm_setting
-                )
+                other = await _call_at_startup(
+                    f"the lm service at {replica.address}", lm_setting, deadline,
+                    replica.channel, replica.stub.Describe, lm_pb2.DescribeModelRequest(),
+                )  # fmt: skip
                 replica.max_greedy_steps = max(1, other.max_greedy_steps)
                 replica.kv = KvBudget.from_describe(other)
                 if other.fingerprint != model.fingerprint:
@@ -239,17 +229,12 @@ class ModelRegistry:
         for name, spec in image_spec.items():
             channel = self._channel(spec["diffusion"], config.max_message_bytes)
             stub = diffusion_pb2_grpc.DiffusionStub(channel)
-            info = await _retry(
-                f"the diffusion service at {spec['diffusion']}",
-                lambda s=stub: s.Describe(diffusion_pb2.DescribeDiffusionRequest(), timeout=_CONNECT_CALL_S),
-                deadline,
-                diffusion_setting,
+            what = f"the diffusion service at {spec['diffusion']}"
+            info = await _call_at_startup(
+                what, diffusion_setting, deadline, channel, stub.Describe, diffusion_pb2.DescribeDiffusionRequest()
             )
-            schedulers = await _retry(
-                f"the diffusion service at {spec['diffusion']}",
-                lambda s=stub: s.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=_CONNECT_CALL_S),
-                deadline,
-                diffusion_setting,
+            schedulers = await _call_at_startup(
+                what, diffusion_setting, deadline, channel, stub.ListSchedulers, diffusion_pb2.ListSchedulersRequest()
             )
             names = {n for s in schedulers.schedulers for n in (s.name, *s.aliases)}
             model = ImageModel(

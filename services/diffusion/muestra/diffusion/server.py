@@ -171,7 +171,7 @@ def build_service(config: DiffusionConfig) -> ServiceSpec:
     if config.redis_url:
         cache = RedisTextEmbeddingCache(
             config.redis_url, config.text_embedding_ttl_s, CacheMac(config.cache_key, "text-embedding cache"),
-            password=config.redis_password,
+            timeout_s=config.redis_timeout_s, password=config.redis_password,
         )  # fmt: skip
         engine.use_embedding_cache(cache, config.model)
     if config.lora_dir:

@@ -1,8 +1,9 @@
 """`muestra plugins`: the plugins and what each registers, from the running gateway or this environment.
 
 With --gateway, or when `muestra up` is running (or MUESTRA_GATEWAY_ADDR is set), the gateway's own
-plugins (ListPlugins and ListSamplers; schedulers as its diffusion services list them); else, or with
---local, the plugins installed in this Python environment.
+plugins (ListPlugins, ListSamplers and ListConstraints; schedulers as its diffusion services list them);
+else, or with --local, the plugins installed in this Python environment, with the error of each that
+failed to load or to register.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from muestra.cli.errors import CliError
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser("plugins", help="list sampler and scheduler plugins (of the running gateway)")
+    parser = sub.add_parser("plugins", help="list sampler, constraint and scheduler plugins (of the running gateway)")
     parser.add_argument("--gateway", default=None, help="ask this gateway [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
     parser.add_argument("--local", action="store_true", help="list this environment's plugins, not a gateway's")
     parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
@@ -24,7 +25,7 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
-def _row(name, distribution, version, disabled, samplers, schedulers) -> dict:
+def _row(name, distribution, version, disabled, samplers, schedulers, constraints=(), errors=None) -> dict:
     return {
         "name": name,
         "distribution": distribution,
@@ -32,11 +33,18 @@ def _row(name, distribution, version, disabled, samplers, schedulers) -> dict:
         "disabled": disabled,
         "samplers": samplers,
         "schedulers": schedulers,
+        "constraints": list(constraints),
+        "errors": dict(errors or {}),
     }
+
+
+def _constraint(name: str, description: str, parameter_schema: dict) -> dict:
+    return {"name": name, "description": description, "parameter_schema": parameter_schema}
 
 
 def _local() -> list[dict]:
     try:
+        from muestra.gateway.constraints.registry import ConstraintRegistry
         from muestra.gateway.sampling import SamplerRegistry
     except ImportError:
         raise CliError("muestra-gateway is not installed here; ask a gateway with --gateway ADDRESS") from None
@@ -51,9 +59,20 @@ def _local() -> list[dict]:
                 for name in plugin.samplers
             ],
             [],
+            errors=plugin.errors,
         )
         for plugin in registry.plugins()
     }  # fmt: skip
+    constraints = ConstraintRegistry.load()
+    for plugin, entries in constraints.by_plugin().items():
+        first = entries[0]
+        row = rows.setdefault(plugin, _row(plugin, first.distribution, first.version, False, [], []))
+        row["constraints"] += [
+            _constraint(e.name, e.constraint.description, e.constraint.parameter_schema) for e in entries
+        ]
+    for plugin, errors in constraints.errors.items():
+        if plugin in rows:
+            rows[plugin]["errors"].update(errors)
     if importlib.util.find_spec("muestra.diffusion") is not None:
         from muestra.diffusion.registry import load_scheduler_registry
 
@@ -65,9 +84,15 @@ def _local() -> list[dict]:
 
 def _remote(address: str, key: str | None) -> list[dict]:
     from muestra.client import Client
+    from muestra.v1 import gateway_pb2
 
     with Client(address, api_key=key) as client:
         samplers = {s.name: s for s in client.list_samplers()}
+        # The client has no list_constraints yet; the same unary call its list_* methods make.
+        constraints = {
+            c.name: c
+            for c in client._unary(client._stub.ListConstraints, gateway_pb2.ListConstraintsRequest()).constraints
+        }
         plugins = client.list_plugins()
 
     def sampler(name: str) -> dict:
@@ -78,10 +103,16 @@ def _remote(address: str, key: str | None) -> list[dict]:
             "argmax_invariant": info.argmax_invariant if info else False,
         }
 
+    def constraint(name: str) -> dict:
+        info = constraints.get(name)
+        schema = json.loads(info.parameter_schema) if info and info.parameter_schema else {}
+        return _constraint(name, info.description if info else "", schema)
+
     return [
         _row(
             p.name, p.distribution, p.version, p.disabled,
             [sampler(name) for name in p.samplers], [{"name": name} for name in p.schedulers],
+            [constraint(name) for name in p.constraints],
         )
         for p in plugins
     ]  # fmt: skip
@@ -93,10 +124,17 @@ def _print(rows: list[dict]) -> None:
         print(f"{row['name']}  {row['distribution']} {row['version']}{state}".rstrip())
         for s in row["samplers"]:
             print(f"  sampler   {s['name']:<20} {s['description']}".rstrip())
+        for c in row["constraints"]:
+            print(f"  constraint {c['name']:<19} {c['description']}".rstrip())
+            for key, schema in c["parameter_schema"].get("properties", {}).items():
+                required = " (required)" if key in c["parameter_schema"].get("required", ()) else ""
+                print(f"    {key}: {json.dumps(schema, sort_keys=True)}{required}")
         for s in row["schedulers"]:
             aliases = f"(also {', '.join(s['aliases'])})" if s.get("aliases") else ""
             print(f"  scheduler {s['name']:<20} {aliases}".rstrip())
-        if not row["samplers"] and not row["schedulers"]:
+        for hook, error in row["errors"].items():
+            print(f"  failed in {hook}: {error}")
+        if not row["samplers"] and not row["schedulers"] and not row["constraints"] and not row["errors"]:
             print("  (registers nothing here)")
 
 

@@ -45,8 +45,9 @@ def _accept(constraint: Constraint) -> Registration:
 class ConstraintRegistry:
     """Constraint kinds by name. Built from the plugins once."""
 
-    def __init__(self, constraints: list[RegisteredConstraint]) -> None:
+    def __init__(self, constraints: list[RegisteredConstraint], errors: Mapping[str, dict] | None = None) -> None:
         self._constraints = {entry.name: entry for entry in constraints}
+        self.errors = dict(errors or {})  # plugin -> {"load" or hook name: error}, for the plugins that failed
 
     @classmethod
     def load(
@@ -55,7 +56,10 @@ class ConstraintRegistry:
         """Built-ins, then every `muestra` entry point, minus those named in MUESTRA_DISABLE_PLUGINS."""
         plugins = Plugins.load(builtin_modules, env)
         registered = plugins.call_register_hook("register_constraints", "constraint", _accept)
-        return cls([RegisteredConstraint(e.value, e.plugin, e.distribution, e.version) for e in registered])
+        return cls(
+            [RegisteredConstraint(e.value, e.plugin, e.distribution, e.version) for e in registered],
+            {record.name: record.errors for record in plugins.records() if record.failed},
+        )
 
     def __contains__(self, name: str) -> bool:
         return name in self._constraints

@@ -73,6 +73,19 @@ def test_the_testing_example_names_tests_the_example_plugin_has():
     assert shown and shown <= real, shown - real
 
 
+def test_the_example_plugin_loads_without_error_and_registers_what_the_doc_shows():
+    """The guide's plugin is installed, loads and registers its one sampler: not skipped as a failure."""
+    from muestra.gateway.sampling import SamplerRegistry
+
+    plugins = {plugin.name: plugin for plugin in SamplerRegistry.load(env={}).plugins()}
+    assert "mirostat" in plugins, "the example plugin is not installed (pip install -e plugins/mirostat)"
+    mirostat = plugins["mirostat"]
+    assert not mirostat.errors, f"the example plugin failed: {mirostat.errors}"
+    assert not mirostat.disabled and mirostat.distribution == "muestra-mirostat"
+    block = next(b for b in python_blocks() if "class MirostatV2" in b)
+    assert mirostat.samplers == (re.search(r'name = "(\w+)"', block).group(1),)
+
+
 def test_the_listing_command_runs_and_lists_the_example_plugin():
     import subprocess
     import sys
@@ -81,7 +94,8 @@ def test_the_listing_command_runs_and_lists_the_example_plugin():
         [sys.executable, "-m", "muestra.gateway.sampling"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert "mirostat" in done.stdout
+    # The plugin's row names the sampler it registered, not "(disabled)".
+    assert re.search(r"^mirostat +muestra-mirostat +\S+ +mirostat$", done.stdout, re.M), done.stdout
     disabled = subprocess.run(
         [sys.executable, "-m", "muestra.gateway.sampling"],
         capture_output=True,

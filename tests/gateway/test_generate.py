@@ -183,6 +183,34 @@ def test_timeout_ms_ends_the_stream_on_time_while_the_tokenizer_is_stopped(stack
     assert stack.lm_rows() == 0
 
 
+def test_a_requests_own_tiny_deadline_fails_it_alone_and_never_ends_empty(stack, client):
+    """timeout_ms of a few ms ends that request with DEADLINE_EXCEEDED (or, once it streams, a Completion
+    CANCELLED): never status OK with no Completion, never the replica out of rotation, never a neighbour."""
+    bystander = client.generate(PROMPT, max_tokens=300, ignore_eos=True, temperature=1.0, seed=21)
+    bystander_stream = iter(bystander)
+    next(bystander_stream)
+    outcomes = []
+    for attempt in range(40):
+        timeout_ms = (1, 2, 3, 5, 8)[attempt % 5]
+        request = gateway_pb2.GenerateRequest(prompt="😀" * 100, max_tokens=8, seed=attempt, timeout_ms=timeout_ms)
+        try:
+            messages = list(stack.stub.Generate(request, timeout=30))
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (timeout_ms, error.code(), error.details())
+            assert "timeout_ms" in error.details()
+            outcomes.append("deadline")
+        else:
+            completions = [m.done for m in messages if m.HasField("done")]
+            assert len(completions) == 1, (timeout_ms, messages)  # never OK with nothing in it
+            outcomes.append(gateway_pb2.FinishReason.Name(completions[0].finish_reason))
+        # The replica stays in rotation: an ordinary request right after is served.
+        after = client.generate(PROMPT, max_tokens=2, seed=attempt).wait()
+        assert after.completions[0].finish_reason in ("length", "stop")
+    assert "deadline" in outcomes  # the short deadlines did cut requests before they streamed
+    rest = list(bystander_stream)
+    assert rest and bystander.wait().completions[0].finish_reason == "length"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

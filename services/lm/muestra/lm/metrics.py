@@ -13,7 +13,8 @@ ROWS = Gauge("muestra_lm_num_rows_running", "Rows held in the lm service's batch
 BATCHES = Gauge("muestra_lm_num_batches", "Batches held in the lm service")
 ABANDONED = Counter(
     "muestra_lm_abandoned_batches_total",
-    "Batches freed without a Clear: their lease's last step stream ended, or nobody used them for batch_idle_s",
+    "Batches freed without a Clear: their lease's last step stream ended, their Prefill's caller left, or nobody used "
+    "them for batch_idle_s",
     ["why"],
 )
 PREFILL_SECONDS = Histogram(

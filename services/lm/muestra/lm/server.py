@@ -62,6 +62,8 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lm-model")
         # Calls submitted to that thread and not yet finished (only the event loop changes this).
         self._model_calls = 0
+        # Set once the server stops: the model thread takes no more work (a stream that ends now frees nothing).
+        self.closing = False
         metrics.KV_BYTES.set_function(lambda: self.engine.load().kv_bytes)
         metrics.KV_USAGE.set_function(lambda: self.engine.load().kv_bytes / max(1, engine.kv_budget_bytes))
         metrics.ROWS.set_function(lambda: self.engine.load().rows)
@@ -127,7 +129,14 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         ]
         lease = lease_of(context)
         plans = await self._load_prefixes(request.rows, rows)
-        result, output, kv, lengths = await self._on_model_thread(self._prefill, rows, lease)
+        # A caller that leaves mid-prefill (its deadline, a cancel) never learns the new batch's id: the batch
+        # is freed as soon as the model thread has made it, instead of idling until batch_idle_s.
+        job = asyncio.ensure_future(self._on_model_thread(self._prefill, rows, lease))
+        try:
+            result, output, kv, lengths = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            job.add_done_callback(lambda done: self._free_abandoned(done, lease))
+            raise
         metrics.PREFILL_SECONDS.observe(result.forward_us / 1e6)
         metrics.PREFILL_TOKENS.observe(sum(row.input_ids.size for row in rows))
         writes = []
@@ -172,6 +181,13 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         result, output = self._step_output(self.engine.prefill, rows, lease)
         batch = self.engine.batches[result.batch_id]
         return result, output, batch.kv, batch.lengths.copy()
+
+    def _free_abandoned(self, prefill: asyncio.Future, lease: str) -> None:
+        if prefill.cancelled() or prefill.exception() is not None or self.closing:
+            return
+        batch_id = prefill.result()[0].batch_id
+        metrics.ABANDONED.labels("prefill cancelled").inc()
+        asyncio.get_running_loop().create_task(self._on_model_thread(self.engine.clear, [batch_id], lease))
 
     async def Decode(self, request, context) -> lm_pb2.DecodeResponse:
         started = time.perf_counter()
@@ -233,7 +249,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         return reply
 
     async def _release(self, lease: str) -> None:
-        if lease in self._streams:  # a new stream under this lease opened meanwhile
+        if lease in self._streams or self.closing:  # a new stream under this lease opened meanwhile, or stopping
             return
         batches, rows = await self._on_model_thread(self.engine.release, lease)
         if batches:
@@ -299,6 +315,7 @@ def service_spec(engine: Engine, prefix_cache: PrefixCache | None = None, batch_
         return [lm_pb2.DESCRIPTOR.services_by_name["LanguageModel"].full_name]
 
     async def close() -> None:
+        servicer.closing = True
         for task in tasks:
             task.cancel()
         servicer.executor.shutdown(wait=True)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from muestra.gateway.constraints.engine import fill_masks
 from muestra.gateway.generation.request import BeamGroup, BeamRow, GenerationRequest, Sequence
+from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows
+from muestra.runtime.errors import InvalidArgument
 from muestra.v1 import lm_pb2
 
 Row = Sequence | BeamRow
@@ -60,6 +63,26 @@ class RunningBatch:
         batch_ids = [b for b in (self.batch_id, *(joining.batch_id for joining in self.joining)) if b]
         self.batch_id, self.rows, self.joining = "", [], []
         return batch_ids
+
+
+def request_rows(request: GenerationRequest, model_info: ModelInfo, mask_in_lm: bool) -> list[Row]:
+    """A request's rows before its prefill: one per completion (n > 1 repeat the prefilled row), or the first
+    beam of its search."""
+    chain = request.chain
+    if chain.is_search:
+        search = SearchRequest(chain, request.prompt_ids, model_info, request.max_tokens, request.seed)
+        request.open_sequences = request.n
+        return [BeamRow(BeamGroup(request, search))]
+    sampling = new_rows(
+        chain, request.prompt_ids, request.seed, request.n, request.logprobs, request.top_logprobs,
+        request.constraint, mask_in_lm,
+    )  # fmt: skip
+    request.open_sequences = len(sampling)
+    if request.constraint is not None:
+        fill_masks([s.constraint for s in sampling])
+        if sampling[0].constraint.error:
+            raise InvalidArgument("constraint", f"allows no text at all ({sampling[0].constraint.error})")
+    return [Sequence(request, i, s) for i, s in enumerate(sampling)]
 
 
 def requests(rows: list[Row]) -> list[GenerationRequest]:

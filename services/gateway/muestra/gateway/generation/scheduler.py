@@ -22,17 +22,21 @@ from collections.abc import Callable
 
 from muestra.gateway import metrics
 from muestra.gateway.backends import LmReplica, TextModel
-from muestra.gateway.constraints.engine import fill_masks
-from muestra.gateway.generation.batch import Joining, Row, RunningBatch, allowed_tokens, filter_plan
+from muestra.gateway.generation.batch import Joining, Row, RunningBatch, allowed_tokens, filter_plan, request_rows
 from muestra.gateway.generation.detokenizer import Detokenizer, TokenizerFailed
 from muestra.gateway.generation.kv_admission import KvAdmission
 from muestra.gateway.generation.lm_client import LmClient, LmFailed, logits_matrix
 from muestra.gateway.generation.outputs import OutputProcessor
 from muestra.gateway.generation.progress import Progress
-from muestra.gateway.generation.request import BeamGroup, BeamRow, GenerationRequest, Sequence
+from muestra.gateway.generation.request import GenerationRequest, Sequence
 from muestra.gateway.generation.step_policy import StepPolicy, stop_ids, tokens_per_row
-from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows
-from muestra.runtime.errors import InvalidArgument, MuestraError, ResourceExhausted, Unavailable
+from muestra.gateway.sampling import ModelInfo
+from muestra.runtime.errors import (
+    DeadlineExceeded,
+    MuestraError,
+    ResourceExhausted,
+    Unavailable,
+)
 from muestra.runtime.logs import request_id_scope, request_id_var
 from muestra.v1 import gateway_pb2, lm_pb2
 
@@ -175,10 +179,12 @@ class ReplicaScheduler:
             if deadline is not None and now > deadline and isinstance(row, Sequence) and not row.finished:
                 row.finish(gateway_pb2.CANCELLED, "deadline exceeded")
         for request in list(self.waiting):
-            if request.cancelled or (request.deadline is not None and now > request.deadline):
+            if request.cancelled:
                 self.waiting.remove(request)
-                request.cancelled = True
                 request.out.put_nowait(None)
+            elif request.deadline is not None and now > request.deadline:
+                self.waiting.remove(request)
+                request.fail(_queue_deadline(request))
 
     async def _reshaped(self, batch_id: str, rows: list[Row]) -> tuple[str, list[Row]]:
         """`rows` without finished rows and with beams reordered, with one Filter call when anything changed."""
@@ -206,6 +212,9 @@ class ReplicaScheduler:
             if request.cancelled:
                 request.out.put_nowait(None)
                 continue
+            if request.deadline is not None and time.monotonic() > request.deadline:
+                request.fail(_queue_deadline(request))
+                continue
             request.admitted = time.monotonic()
             metrics.QUEUE_TIME.labels(self.model.name).observe(request.admitted - request.arrival)
             self.admitting = request
@@ -224,27 +233,9 @@ class ReplicaScheduler:
                 self.admitting = None
             self.progress.moved()
 
-    def _new_rows(self, request: GenerationRequest) -> list[Row]:
-        """The request's rows before its prefill: one per completion, or the first beam of its search."""
-        chain = request.chain
-        if chain.is_search:
-            search = SearchRequest(chain, request.prompt_ids, self.model_info, request.max_tokens, request.seed)
-            request.open_sequences = request.n
-            return [BeamRow(BeamGroup(request, search))]
-        sampling = new_rows(
-            chain, request.prompt_ids, request.seed, request.n, request.logprobs, request.top_logprobs,
-            request.constraint, self.mask_in_lm,
-        )  # fmt: skip
-        request.open_sequences = len(sampling)
-        if request.constraint is not None:
-            fill_masks([s.constraint for s in sampling])
-            if sampling[0].constraint.error:
-                raise InvalidArgument("constraint", f"allows no text at all ({sampling[0].constraint.error})")
-        return [Sequence(request, i, s) for i, s in enumerate(sampling)]
-
     async def _prefill(self, request: GenerationRequest) -> int:
         """Prefill one request into a batch of its own (joining the running one); the rows it still occupies."""
-        rows = self._new_rows(request)
+        rows = request_rows(request, self.model_info, self.mask_in_lm)
         kind = rows[0].sampling.output_kind if isinstance(rows[0], Sequence) else lm_pb2.LOGITS
         prefix_cache = self.model.prefix_cache if request.prefix_cache else None
         prefix = None
@@ -258,7 +249,10 @@ class ReplicaScheduler:
             output=lm_pb2.OutputSpec(kind=kind, allowed_tokens=allowed_tokens(rows[0])),
             prefix=prefix,
         )
-        reply = await self.lm.prefill(lm_pb2.PrefillRequest(rows=[row]), self._prefill_timeout(request))
+        timeout_s = self.lm.timeout_s
+        if request.deadline is not None and request.deadline - time.monotonic() < timeout_s:
+            timeout_s = max(0.001, request.deadline - time.monotonic())
+        reply = await self.lm.prefill(lm_pb2.PrefillRequest(rows=[row]), timeout_s, timeout_s < self.lm.timeout_s)
         request.cached_tokens = reply.output.rows[0].cached_tokens
         if prefix_cache is not None:
             prefix_cache.record_hit(request.cached_tokens)
@@ -278,12 +272,6 @@ class ReplicaScheduler:
         if not joining.rows:
             self.batch.joining.remove(joining)
         return len(joining.rows)
-
-    def _prefill_timeout(self, request: GenerationRequest) -> float:
-        """The lm's deadline, or the request's own when it comes first."""
-        if request.deadline is None:
-            return self.lm.timeout_s
-        return max(0.001, min(self.lm.timeout_s, request.deadline - time.monotonic()))
 
     async def _decode(self) -> lm_pb2.DecodeResponse:
         # Rows with constraints send their kinds (which change on forced tokens) and, when the lm applies
@@ -383,6 +371,13 @@ class ReplicaScheduler:
                 await self.lm.clear(batch_ids)
             except LmFailed as failed:
                 log.warning("freeing the batches of failed requests: %s", failed)
+
+
+def _queue_deadline(request: GenerationRequest) -> DeadlineExceeded:
+    return DeadlineExceeded(
+        "the request's deadline (timeout_ms, or its call's) passed while it waited for a place in the batch; "
+        f"retry with seed {request.seed} for the same text"
+    )
 
 
 async def _stop(task: asyncio.Task | None) -> None:

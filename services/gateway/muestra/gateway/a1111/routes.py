@@ -28,6 +28,7 @@ from muestra.gateway.a1111.schemas import A1111Error, Img2ImgRequest, Txt2ImgReq
 from muestra.gateway.openai.errors import from_muestra
 from muestra.gateway.openai.state import Servicer
 from muestra.gateway.openai.streams import ClientGone, cancel_on_disconnect
+from muestra.gateway.server import GatewayServicer
 from muestra.runtime.errors import MuestraError
 from muestra.v1 import diffusion_pb2
 
@@ -83,7 +84,7 @@ async def a1111_error(request: Request, exc: A1111Error) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
 
-async def _generate(servicer, body: Txt2ImgRequest, jobs: Jobs, http: Request) -> JSONResponse:
+async def _generate(servicer: GatewayServicer, body: Txt2ImgRequest, jobs: Jobs, http: Request) -> JSONResponse:
     """txt2img and img2img: the images, the parameters as given and the `info` as a JSON string."""
     request = await image_request(servicer, body, jobs.checkpoint)
     job = Job(images=request.num_images)

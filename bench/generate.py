@@ -11,7 +11,10 @@ Reports, per model, against baselines measured in the same run:
   and a bare in-process onnxruntime greedy loop over the same graph;
 - aggregate tokens/s at 1, 4, 8 and 16 concurrent streams (and the ratio to one stream);
 - time to first token and inter-token latency, p50 and p95, as the client sees them;
-- 8 concurrent streams vs transformers generate serving the same 8 requests one after another.
+- 8 concurrent streams vs transformers generate serving the same 8 requests one after another;
+- with --baseline-gateway CHECKOUT: the gateway of another checkout (say, a worktree of the commit
+  before a change) on the same tokenizer and lm processes, 1 and 8 streams, interleaved round by round
+  with ours: the ratio shows what the change did to the gateway's cost.
 Greedy decoding with ignore_eos, so every stream produces exactly --tokens tokens. The contenders
 are interleaved round by round; each figure is the best of --repeats rounds, and the single-stream
 ratio is also given as the median of the per-round figures (the bare loop's speed varies more from
@@ -55,8 +58,16 @@ def prompt_text(index: int, vocab: int) -> str:
     return " ".join(f"w{i}" for i in prompt_ids(index, vocab))
 
 
+def checkout_env(checkout: Path) -> dict:
+    """PYTHONPATH that imports the gateway, runtime, proto and plugin API of another checkout first."""
+    folders = ["proto", "services/gateway", "services/runtime", "plugins/api", "plugins/mirostat", "plugins/choice"]
+    return {"PYTHONPATH": ":".join(str(checkout.resolve() / folder) for folder in folders)}
+
+
 class Stack:
-    def __init__(self, onnx_dir: Path, threads: int, log_dir: Path, vocab: int, burst: int = 8) -> None:
+    def __init__(
+        self, onnx_dir: Path, threads: int, log_dir: Path, vocab: int, burst: int = 8, baseline: Path | None = None
+    ) -> None:
         self.vocab = vocab
         quiet = ["--log-level", "WARNING"]
         self.tokenizer = ServiceProcess("tokenizer", ["--models", str(onnx_dir), *quiet], log_dir)
@@ -66,12 +77,17 @@ class Stack:
         gateway_args += ["--max-batch-rows", "64", "--greedy-burst", str(burst)]
         self.gateway = ServiceProcess("gateway", [*gateway_args, *quiet], log_dir)
         self.client = Client(self.gateway.address, timeout=600)
+        self.baseline_gateway = self.baseline_client = None
+        if baseline is not None:
+            env = checkout_env(baseline)
+            self.baseline_gateway = ServiceProcess("gateway", [*gateway_args, *quiet], log_dir, env=env)
+            self.baseline_client = Client(self.baseline_gateway.address, timeout=600)
 
-    def stream(self, index: int, tokens: int) -> dict:
+    def stream(self, index: int, tokens: int, client: Client | None = None) -> dict:
         """One greedy stream; the arrival time of every delta as the client sees it."""
         started = time.perf_counter()
         stamps = []
-        generation = self.client.generate(
+        generation = (client or self.client).generate(
             prompt_text(index, self.vocab), max_tokens=tokens, ignore_eos=True, samplers=[{"name": "greedy"}]
         )
         for delta in generation:
@@ -80,11 +96,11 @@ class Stack:
         assert done.completion_tokens == tokens, done
         return {"started": started, "stamps": stamps}
 
-    def concurrent(self, streams: int, tokens: int) -> list[dict]:
+    def concurrent(self, streams: int, tokens: int, client: Client | None = None) -> list[dict]:
         results: list[dict] = [{} for _ in range(streams)]
 
         def run(i: int) -> None:
-            results[i] = self.stream(i, tokens)
+            results[i] = self.stream(i, tokens, client)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
         for thread in threads:
@@ -95,6 +111,9 @@ class Stack:
 
     def close(self) -> None:
         self.client.close()
+        if self.baseline_client is not None:
+            self.baseline_client.close()
+            self.baseline_gateway.stop()
         for process in (self.gateway, self.lm, self.tokenizer):
             process.stop()
 
@@ -117,7 +136,7 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
     hf_dir, onnx_dir = decode_models.build(name, "fused", quantize)
     vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
     bare = SharedBufferLoop(onnx_dir, args.threads)
-    stack = Stack(onnx_dir, args.threads, log_dir, vocab, args.burst)
+    stack = Stack(onnx_dir, args.threads, log_dir, vocab, args.burst, args.baseline_gateway)
     lm = ServiceLoop(onnx_dir, args.threads, log_dir)
     # The lm as the gateway drives a greedy row: bursts of --greedy-burst steps per Decode, on the same process.
     lm_burst = StreamLoop(onnx_dir, args.threads, log_dir, burst=args.burst, process=lm.process)
@@ -126,6 +145,11 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
         stack.stream(0, 8)  # warm up every process
         best: dict = {"bare": 0.0, "lm": 0.0, "lm_burst": 0.0, "single": 0.0, **{c: 0.0 for c in CONCURRENCY}}
         rounds: dict[str, list[float]] = {"bare": [], "lm": [], "lm_burst": [], "single": []}
+        # Ours and the baseline checkout's gateway, 1 and 8 streams, round by round (empty without one).
+        versus: dict[str, list[float]] = {}
+        if stack.baseline_client is not None:
+            stack.stream(0, 8, stack.baseline_client)
+            versus = {"ours_1": [], "baseline_1": [], "ours_8": [], "baseline_8": []}
         ttft, itl = [], []
         for _ in range(args.repeats):
             for key, loop in (("bare", bare), ("lm", lm), ("lm_burst", lm_burst)):
@@ -141,6 +165,12 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
                 for r in results:
                     ttft.append(r["stamps"][0] - r["started"])
                     itl.extend(np.diff(r["stamps"]).tolist())
+            if versus:
+                for gateway, client in (("ours", stack.client), ("baseline", stack.baseline_client)):
+                    time.sleep(SETTLE_S)
+                    versus[f"{gateway}_1"].append(decode_rate(stack.stream(0, args.tokens, client)))
+                    time.sleep(SETTLE_S)
+                    versus[f"{gateway}_8"].append(aggregate_rate(stack.concurrent(8, args.tokens, client)))
         # transformers generate serving 8 requests one after another (same weights, same lengths).
         torch_loop = TorchLoop(hf_dir)
         started = time.perf_counter()
@@ -169,6 +199,7 @@ def bench_model(name: str, args, log_dir: Path) -> dict:
         "transformers_sequential_8_tokens_per_s": transformers_8,
         "ttft_ms": {"p50": 1000 * float(np.percentile(ttft, 50)), "p95": 1000 * float(np.percentile(ttft, 95))},
         "itl_ms": {"p50": 1000 * float(np.percentile(itl, 50)), "p95": 1000 * float(np.percentile(itl, 95))},
+        "versus_baseline": versus,
     }
 
 
@@ -217,6 +248,22 @@ def markdown(results: list[dict]) -> str:
             f"| {r['model']} | {r['ttft_ms']['p50']:.1f} | {r['ttft_ms']['p95']:.1f} | "
             f"{r['itl_ms']['p50']:.1f} | {r['itl_ms']['p95']:.1f} |"
         )
+    if any(r.get("versus_baseline") for r in results):
+        lines += [
+            "",
+            "| model | streams | this gateway tok/s, each round | baseline checkout's gateway tok/s, each round |"
+            " this / baseline (median of rounds) | (best of rounds) |",
+            "|---|---:|---|---|---:|---:|",
+        ]
+        for r in results:
+            versus = r.get("versus_baseline")
+            for streams in (1, 8) if versus else ():
+                ours, theirs = versus[f"ours_{streams}"], versus[f"baseline_{streams}"]
+                lines.append(
+                    f"| {r['model']} | {streams} | {', '.join(f'{x:.1f}' for x in ours)} |"
+                    f" {', '.join(f'{x:.1f}' for x in theirs)} |"
+                    f" {np.median(ours) / np.median(theirs):.3f}x | {max(ours) / max(theirs):.3f}x |"
+                )
     return "\n".join(lines)
 
 
@@ -231,6 +278,13 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=8, help="greedy steps per Decode of the lm's burst contender")
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its default)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw figures here")
+    parser.add_argument(
+        "--baseline-gateway",
+        type=Path,
+        default=None,
+        metavar="CHECKOUT",
+        help="also run another checkout's gateway (e.g. a git worktree of an older commit) on the same lm",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="muestra-bench-generate-") as log_dir:
         results = [bench_model(name, args, Path(log_dir)) for name in args.models]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import threading
@@ -17,9 +16,10 @@ from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from muestra.diffusion.embeddings import TextEmbeddingCache, embedding_key, text_encoder_fingerprint
-from muestra.diffusion.loras import LoadedAdapters, LoraFile
+from muestra.diffusion.loras import LoadedAdapters
 from muestra.diffusion.metrics import DENOISE_STEPS
 from muestra.diffusion.model_folder import pipeline_class_name
+from muestra.diffusion.params import GenerationParams
 from muestra.diffusion.preview import SDXL_BIAS, SDXL_FACTORS, LatentPreview
 
 log = logging.getLogger("muestra.diffusion.engine")
@@ -37,33 +37,6 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 
 class GenerationCancelled(Exception):
     """Raised from the step callback to leave the denoising loop."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageJob:
-    """Everything one pipeline call needs."""
-
-    prompt: str
-    negative_prompt: str
-    width: int
-    height: int
-    steps: int
-    guidance_scale: float
-    seed: int
-    scheduler: Any
-    # img2img with init_image, inpainting with mask_image as well; both already width x height.
-    init_image: Image.Image | None = None
-    mask_image: Image.Image | None = None
-    strength: float = 1.0
-    mask_blur: int = 0
-    padding_mask_crop: int | None = None
-    # LoRA adapters and their weights; none runs the base model.
-    loras: tuple[tuple[LoraFile, float], ...] = ()
-
-    @property
-    def denoise_steps(self) -> int:
-        """The steps the pipeline runs: img2img and inpainting run the last int(steps * strength)."""
-        return self.steps if self.init_image is None else min(int(self.steps * self.strength), self.steps)
 
 
 # Called after each step with (step, total, latents).
@@ -164,14 +137,16 @@ class DiffusionEngine:
         log.info("loaded %s from %s on %s (%s)", class_name, folder, torch_device, torch_dtype)
         return cls(pipe, name or folder.resolve().name)
 
-    def generate(self, job: ImageJob, on_step: StepCallback, cancel: threading.Event) -> Image.Image:
-        """One image. Its noise comes from a CPU generator seeded with job.seed, whatever the device.
+    def generate(
+        self, params: GenerationParams, seed: int, on_step: StepCallback, cancel: threading.Event
+    ) -> Image.Image:
+        """One image of the request. Its noise comes from a CPU generator seeded with `seed`, whatever the device.
 
         `cancel` is checked after every denoising iteration; once set, GenerationCancelled leaves the loop.
         """
-        generator = torch.Generator("cpu").manual_seed(job.seed)
+        generator = torch.Generator("cpu").manual_seed(seed)
         steps_done = 0
-        total = job.denoise_steps
+        total = params.denoise_steps
 
         def callback(pipe, i: int, timestep, tensors: dict) -> dict:
             nonlocal steps_done
@@ -188,22 +163,23 @@ class DiffusionEngine:
             return tensors
 
         if self.adapters is not None:
-            self.adapters.apply(list(job.loras))
-        text: dict[str, Any] = {"prompt": job.prompt, "negative_prompt": job.negative_prompt or None}
+            self.adapters.apply(list(params.loras))
+        text: dict[str, Any] = {"prompt": params.prompt, "negative_prompt": params.negative_prompt or None}
         # An adapter may change the text encoder, whose cached outputs are the base model's.
-        if self.embedding_cache is not None and not job.loras:
-            guided = job.guidance_scale > 1 and self.pipe.unet.config.time_cond_proj_dim is None
-            text = {"prompt_embeds": self._text_embeddings(job.prompt)}
+        if self.embedding_cache is not None and not params.loras:
+            guided = params.guidance_scale > 1 and self.pipe.unet.config.time_cond_proj_dim is None
+            text = {"prompt_embeds": self._text_embeddings(params.prompt)}
             if guided:  # the pipeline's unconditional input: the negative prompt, or ""
-                text["negative_prompt_embeds"] = self._text_embeddings(job.negative_prompt)
-        pipe, task = self._task(job, generator)
-        pipe.scheduler = job.scheduler
+                text["negative_prompt_embeds"] = self._text_embeddings(params.negative_prompt)
+        pipe, task = self._task(params, generator)
+        # The request's sampler and options on the model's own scheduler config, built anew for every image.
+        pipe.scheduler = params.sampler.build(self.base_scheduler_config, params.scheduler_options)
         try:
             result = pipe(
                 **text,
                 **task,
-                num_inference_steps=job.steps,
-                guidance_scale=job.guidance_scale,
+                num_inference_steps=params.steps,
+                guidance_scale=params.guidance_scale,
                 generator=generator,
                 callback_on_step_end=callback,
                 output_type="pil",
@@ -211,37 +187,37 @@ class DiffusionEngine:
         finally:
             pipe.scheduler = self.base_scheduler
         image = result.images[0]
-        if job.mask_blur and job.padding_mask_crop is None:
+        if params.mask_blur and params.padding_mask_crop is None:
             # A1111 pastes the result over the original through the blurred mask (with padding_mask_crop the
             # pipeline does so itself, with the mask it was given), so the kept area keeps its pixels.
-            image = self.inpaint.image_processor.apply_overlay(task["mask_image"], job.init_image, image)
+            image = self.inpaint.image_processor.apply_overlay(task["mask_image"], params.init_image, image)
         return image
 
-    def _task(self, job: ImageJob, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
-        """The pipeline for the job's task, and the arguments only that task takes."""
-        if job.init_image is None:
+    def _task(self, params: GenerationParams, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
+        """The pipeline for the request's task, and the arguments only that task takes."""
+        if params.init_image is None:
             shape = (
                 1,
                 self.pipe.unet.config.in_channels,
-                job.height // self.pipe.vae_scale_factor,
-                job.width // self.pipe.vae_scale_factor,
+                params.height // self.pipe.vae_scale_factor,
+                params.width // self.pipe.vae_scale_factor,
             )
             # Draw the initial noise exactly as the pipeline would on the CPU, in float32, then move it; the same
             # generator then feeds stochastic schedulers, so its state matches a plain pipeline call.
             latents = randn_tensor(shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
             latents = latents.to(self.device, self.dtype)
-            return self.pipe, {"width": job.width, "height": job.height, "latents": latents}
-        if job.mask_image is None:
+            return self.pipe, {"width": params.width, "height": params.height, "latents": latents}
+        if params.mask_image is None:
             # The image is already width x height; the img2img pipelines take their size from it.
-            return self.img2img, {"image": job.init_image, "strength": job.strength}
-        mask = job.mask_image
-        if job.mask_blur:
-            mask = self.inpaint.mask_processor.blur(mask, blur_factor=job.mask_blur)
+            return self.img2img, {"image": params.init_image, "strength": params.strength}
+        mask = params.mask_image
+        if params.mask_blur:
+            mask = self.inpaint.mask_processor.blur(mask, blur_factor=params.mask_blur)
         return self.inpaint, {
-            "image": job.init_image,
+            "image": params.init_image,
             "mask_image": mask,
-            "strength": job.strength,
-            "width": job.width,
-            "height": job.height,
-            "padding_mask_crop": job.padding_mask_crop,
+            "strength": params.strength,
+            "width": params.width,
+            "height": params.height,
+            "padding_mask_crop": params.padding_mask_crop,
         }

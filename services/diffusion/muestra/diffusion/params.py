@@ -60,6 +60,8 @@ class Defaults:
 
 @dataclasses.dataclass(frozen=True)
 class GenerationParams:
+    """An ImageRequest parsed and checked once; the worker and the engine take it as it is."""
+
     prompt: str
     negative_prompt: str
     width: int
@@ -95,14 +97,10 @@ class GenerationParams:
             return "txt2img"
         return "img2img" if self.mask_image is None else "inpaint"
 
-
-@dataclasses.dataclass(frozen=True)
-class ImageInputs:
-    init_image: Image.Image | None = None
-    mask_image: Image.Image | None = None
-    strength: float = 1.0
-    mask_blur: int = 0
-    padding_mask_crop: int | None = None
+    @property
+    def denoise_steps(self) -> int:
+        """The steps the pipeline runs: img2img and inpainting run the last int(steps * strength)."""
+        return self.steps if self.init_image is None else min(int(self.steps * self.strength), self.steps)
 
 
 def _check_text(field: str, text: str, limit: int) -> None:
@@ -236,9 +234,9 @@ def parse_image_request(
         if options:
             raise InvalidArgument("extra.scheduler", f"sampler {sampler.name!r} rejects these options: {exc}") from exc
         raise InvalidArgument("steps", f"sampler {sampler.name!r} cannot run {steps} steps: {exc}") from exc
-    inputs = _image_inputs(request, init, width, height, steps, limits, defaults)
-    if "txt2img" not in defaults.tasks and inputs.mask_image is None:
-        missing = "init_image" if inputs.init_image is None else "mask_image"
+    init, mask, strength, padding = _image_inputs(request, init, width, height, steps, limits, defaults)
+    if "txt2img" not in defaults.tasks and mask is None:
+        missing = "init_image" if init is None else "mask_image"
         raise InvalidArgument(missing, f"is required: model {defaults.model!r} is an inpainting model")
     return GenerationParams(
         prompt=prompt,
@@ -252,12 +250,12 @@ def parse_image_request(
         sampler=sampler,
         scheduler_options=options,
         preview_every=request.preview_every,
-        init_image=inputs.init_image,
-        mask_image=inputs.mask_image,
-        strength=inputs.strength,
+        init_image=init,
+        mask_image=mask,
+        strength=strength,
         invert_mask=request.invert_mask,
-        mask_blur=inputs.mask_blur,
-        padding_mask_crop=inputs.padding_mask_crop,
+        mask_blur=request.mask_blur,
+        padding_mask_crop=padding,
         loras=loras,
     )
 
@@ -339,8 +337,8 @@ def _image_inputs(
     steps: int,
     limits: Limits,
     defaults: Defaults,
-) -> ImageInputs:
-    """init_image and mask_image resized to width x height, the strength, and the mask options, all checked."""
+) -> tuple[Image.Image | None, Image.Image | None, float, int | None]:
+    """init_image and mask_image resized to width x height, the strength and padding_mask_crop, all checked."""
     mask_options = [
         name
         for name, given in (
@@ -354,7 +352,7 @@ def _image_inputs(
     if not request.mask_image and mask_options:
         raise InvalidArgument(mask_options[0], "needs mask_image (it is an inpainting option)")
     if init is None:
-        return ImageInputs()
+        return None, None, 1.0, None
     mask = None
     if request.mask_image:
         mask = read_mask(request.mask_image, _input_limits(limits), request.mask_from_alpha, request.invert_mask)
@@ -379,4 +377,4 @@ def _image_inputs(
     if init.size != (width, height):  # A1111's "Just resize", with the resampling diffusers' processor uses
         init = init.resize((width, height), Image.LANCZOS)
         mask = mask.resize((width, height), Image.LANCZOS) if mask is not None else None
-    return ImageInputs(init, mask, float(strength), request.mask_blur, padding)
+    return init, mask, float(strength), padding

@@ -15,7 +15,7 @@ from muestra.diffusion.engine import DiffusionEngine
 from muestra.diffusion.loras import LoraFolder
 from muestra.diffusion.params import Defaults, Limits, parse_image_request
 from muestra.diffusion.registry import SchedulerRegistry, load_scheduler_registry
-from muestra.diffusion.worker import Finished, GenerationWorker
+from muestra.diffusion.worker import GenerationWorker
 from muestra.runtime import ServiceSpec
 from muestra.runtime.cache_mac import CacheMac
 from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc
@@ -138,28 +138,8 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             ",".join(f"{lora.name}:{weight:g}" for lora, weight in params.loras) or "-",
         )  # fmt: skip
         try:
-            async for event in generation.events():
-                if isinstance(event, Finished):
-                    yield diffusion_pb2.ImageResponse(
-                        image=diffusion_pb2.GeneratedImage(
-                            index=event.index,
-                            seed=event.seed,
-                            png=event.png,
-                            width=event.width,
-                            height=event.height,
-                            parameters=event.parameters,
-                        )
-                    )
-                else:
-                    yield diffusion_pb2.ImageResponse(
-                        progress=diffusion_pb2.ImageProgress(
-                            image_index=event.image_index,
-                            step=event.step,
-                            total=event.total,
-                            elapsed_s=event.elapsed_s,
-                            preview_png=event.preview_png,
-                        )
-                    )
+            async for response in generation.events():
+                yield response
         finally:
             # The client went away (or the stream failed): the loop stops after its current step.
             generation.cancel()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import dataclasses
 import functools
 import logging
 import threading
@@ -14,33 +13,15 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from muestra.diffusion.engine import DiffusionEngine, GenerationCancelled, ImageJob
+from muestra.diffusion.engine import DiffusionEngine, GenerationCancelled
 from muestra.diffusion.infotext import encode_png, parameters_text
 from muestra.diffusion.loras import prompt_with_loras
 from muestra.diffusion.metrics import CANCELLED, IMAGE_SECONDS, IMAGES, QUEUE_DEPTH
 from muestra.diffusion.params import GenerationParams
 from muestra.runtime.errors import ResourceExhausted
+from muestra.v1 import diffusion_pb2
 
 log = logging.getLogger("muestra.diffusion.worker")
-
-
-@dataclasses.dataclass
-class Progress:
-    image_index: int
-    step: int
-    total: int
-    elapsed_s: float
-    preview_png: bytes = b""
-
-
-@dataclasses.dataclass
-class Finished:
-    index: int
-    seed: int
-    png: bytes
-    width: int
-    height: int
-    parameters: str
 
 
 _END = object()
@@ -69,8 +50,8 @@ class Generation:
             self.cancel_event.set()
             self.cancelled_at_step = self.last_step
 
-    async def events(self) -> AsyncIterator[Progress | Finished]:
-        """Progress and images in order; re-raises the worker's error, if any."""
+    async def events(self) -> AsyncIterator[diffusion_pb2.ImageResponse]:
+        """Progress and images in order, as the stream sends them; re-raises the worker's error, if any."""
         while True:
             event = await self._events.get()
             if event is _END:
@@ -134,34 +115,26 @@ class GenerationWorker:
         finally:
             generation.emit(_END)
 
-    def _image(self, params: GenerationParams, index: int, seed: int, generation: Generation) -> Finished:
+    def _image(
+        self, params: GenerationParams, index: int, seed: int, generation: Generation
+    ) -> diffusion_pb2.ImageResponse:
         started = time.perf_counter()
-        scheduler = params.sampler.build(self.engine.base_scheduler_config, params.scheduler_options)
-        job = ImageJob(
-            prompt=params.prompt,
-            negative_prompt=params.negative_prompt,
-            width=params.width,
-            height=params.height,
-            steps=params.steps,
-            guidance_scale=params.guidance_scale,
-            seed=seed,
-            scheduler=scheduler,
-            init_image=params.init_image,
-            mask_image=params.mask_image,
-            strength=params.strength,
-            mask_blur=params.mask_blur,
-            padding_mask_crop=params.padding_mask_crop,
-            loras=params.loras,
-        )
 
         def on_step(step: int, total: int, latents: torch.Tensor) -> None:
             generation.last_step = step
             preview = b""
             if params.preview_every and step % params.preview_every == 0 and self.engine.preview.supports(latents):
                 preview = self.engine.preview.png(latents)
-            generation.emit(Progress(index, step, total, time.perf_counter() - generation.started, preview))
+            progress = diffusion_pb2.ImageProgress(
+                image_index=index,
+                step=step,
+                total=total,
+                elapsed_s=time.perf_counter() - generation.started,
+                preview_png=preview,
+            )
+            generation.emit(diffusion_pb2.ImageResponse(progress=progress))
 
-        image = self.engine.generate(job, on_step, generation.cancel_event)
+        image = self.engine.generate(params, seed, on_step, generation.cancel_event)
         text = parameters_text(
             prompt=prompt_with_loras(params.prompt, list(params.loras)),
             negative_prompt=params.negative_prompt,
@@ -181,7 +154,11 @@ class GenerationWorker:
         png = encode_png(image, text)
         IMAGES.inc()
         IMAGE_SECONDS.observe(time.perf_counter() - started)
-        return Finished(index, seed, png, image.width, image.height, text)
+        return diffusion_pb2.ImageResponse(
+            image=diffusion_pb2.GeneratedImage(
+                index=index, seed=seed, png=png, width=image.width, height=image.height, parameters=text
+            )
+        )
 
 
 def _set_threads(threads: int) -> None:

@@ -5,9 +5,13 @@ No container is built or run here (these machines have no Docker engine): what t
 configuration the files carry starts a working stack. The compose secrets (internal token, cache key, Redis
 password) are in place, as files at the paths the services are given, with values made up for this run.
 
-The default text model, which the lm and tokenizer images build into themselves, is played by the text fixture
-(models/tiny-text-fixture), under the image's folder name: these tests check the deployment files, they need no
-real model, and one needs no build of it to run them. The image model is ./models/muestra-image, as compose mounts it.
+The stack serves the models the images serve: the default text model that the lm and tokenizer images build into
+themselves is models/smollm2-135m-instruct as `make default-model` builds it, and the image model is
+./models/muestra-image, as compose mounts it. Its greedy text must equal transformers' generate on the GGUF the
+default model was imported from, and its images a bare diffusers pipeline on the same folder. Where the default
+text model is not built, the text fixture (models/tiny-text-fixture) stands in for it under the image's folder
+name, so the tests of the deployment files still run; the comparison with transformers then skips (and fails
+under CI=true, as the other tests of the default model do).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import redis
 
 from muestra.client import Client
 from tests.deploy.compose_local import REPO, LocalCompose, environment_of, grace_seconds, load_compose, parse_dockerfile
+from tests.fixtures.default_model import DEFAULT_MODEL, SOURCE_GGUF, default_model_or_skip
 from tests.harness import free_port
 
 PROMPT = "The quick brown fox"
@@ -53,35 +58,44 @@ TEXT_FIXTURE = REPO / "models" / "tiny-text-fixture"
 (DEFAULT_TEXT_MODEL,) = parse_dockerfile(REPO / "services" / "lm" / "Dockerfile").built_in
 
 
-def models_root(request, root: Path) -> tuple[Path, Path | None]:
+def models_root(request, root: Path) -> tuple[Path, Path]:
     """A folder laid out like ./models: the repository's image model where it exists, else a test model.
 
-    Returns the folder and the tiny Stable Diffusion folder standing in for muestra-image (None: the default model).
+    Returns the folder and the diffusers folder its muestra-image links to.
     """
     root.mkdir()
-    image, tiny_image = REPO / "models" / "muestra-image", None
+    image = REPO / "models" / "muestra-image"
     if not (image / "model_index.json").is_file():
-        tiny_image = image = request.getfixturevalue("tiny_sd_model")
+        image = request.getfixturevalue("tiny_sd_model")
     (root / "muestra-image").symlink_to(image)
-    return root, tiny_image
+    return root, image
 
 
-def default_text_model_stand_in(folder: Path) -> Path:
-    """A copy of the text fixture under the default model's folder name, which the services name the model after
-    (a symlink would not do: the lm names a model after its resolved path)."""
+def default_text_model(folder: Path) -> tuple[Path, bool]:
+    """The folder the images build as their default text model, and whether it is that model (not the fixture).
+
+    Where models/smollm2-135m-instruct is not built, a copy of the text fixture under its folder name, which the
+    services name the model after (a symlink would not do: the lm names a model after its resolved path).
+    """
+    if (DEFAULT_MODEL / "model.onnx").is_file() and SOURCE_GGUF.is_file():
+        assert DEFAULT_MODEL.name == Path(DEFAULT_TEXT_MODEL).name
+        return DEFAULT_MODEL, True
     stand_in = folder / Path(DEFAULT_TEXT_MODEL).name
     shutil.copytree(TEXT_FIXTURE, stand_in)
-    return stand_in
+    return stand_in, False
 
 
 @pytest.fixture(scope="module")
 def stack(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("compose-local")
-    root, tiny_image = models_root(request, workdir / "models")
-    built_in = {DEFAULT_TEXT_MODEL: default_text_model_stand_in(workdir / "image-files")}
+    root, image_model = models_root(request, workdir / "models")
+    text_model, serves_default_text = default_text_model(workdir / "image-files")
     compose = load_compose(REPO / "docker-compose.yml", {"MUESTRA_MODELS": str(root)})
-    local = LocalCompose(compose, workdir, scale={"lm": LM_REPLICAS}, secret_values=SECRETS, built_in=built_in)
-    local.tiny_image = tiny_image
+    local = LocalCompose(
+        compose, workdir, scale={"lm": LM_REPLICAS}, secret_values=SECRETS, built_in={DEFAULT_TEXT_MODEL: text_model}
+    )
+    local.image_model = image_model
+    local.serves_default_text = serves_default_text
     try:
         local.up()
     except Exception:
@@ -140,6 +154,34 @@ def test_greedy_text_through_the_compose_stack_comes_from_an_lm_replica_the_same
     assert all(generation.token_ids[0] == runs[0].token_ids[0] for generation in runs)
 
 
+def test_greedy_text_through_the_compose_stack_equals_transformers_generate(stack, client):
+    """transformers loads the GGUF the default model was imported from (its dequantized weights), as
+    tests/models/test_default_model.py does, and its greedy generate() gives the stack's tokens."""
+    default_model_or_skip()  # not built: the text fixture, which has no transformers weights, stands in for it
+    assert stack.serves_default_text
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    steps = 12
+    tokenizer = AutoTokenizer.from_pretrained(SOURCE_GGUF.parent, gguf_file=SOURCE_GGUF.name)
+    model = AutoModelForCausalLM.from_pretrained(SOURCE_GGUF.parent, gguf_file=SOURCE_GGUF.name, dtype=torch.float32)
+    prompt_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.eval().generate(
+            prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=steps, do_sample=False
+        )
+    expected = out[0, prompt_ids.shape[1] :].tolist()
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    ends = [i for i, token in enumerate(expected) if token in eos_ids]
+    expected = expected[: ends[0] + 1] if ends else expected
+
+    assert list(client.tokenize(PROMPT).ids) == prompt_ids[0].tolist()  # the same tokenizer
+    generation = client.generate(PROMPT, max_tokens=steps, samplers=[{"name": "greedy"}]).wait()
+    assert generation.completions[0].error == ""
+    assert generation.token_ids[0] == expected
+
+
 def test_image_through_the_compose_stack_matches_a_bare_diffusers_pipeline(stack, client):
     from PIL import Image
 
@@ -154,11 +196,9 @@ def test_image_through_the_compose_stack_matches_a_bare_diffusers_pipeline(stack
     picture = Image.open(io.BytesIO(images[0].png))
     assert picture.format == "PNG"
     assert picture.size == (size, size)
-    if stack.tiny_image is None:
-        return
     from tests.fixtures.diffusion_models import ReferencePipeline
 
-    expected = ReferencePipeline(stack.tiny_image).image(
+    expected = ReferencePipeline(stack.image_model).image(
         prompt="a watercolor painting of a lighthouse", seed=seed, steps=steps, width=size, height=size
     )
     pixels = np.asarray(picture.convert("RGB")).astype(np.int16)

@@ -6,10 +6,12 @@ Afterwards the services are all up and a greedy generation gives what it gave be
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import math
 import time
 
+import grpc
 import pytest
 from google.protobuf import struct_pb2
 from hypothesis import given
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from muestra.v1 import (
     diffusion_pb2,
     gateway_pb2,
+    gateway_pb2_grpc,
     lm_pb2,
     lm_pb2_grpc,
     tokenizer_pb2,
@@ -66,6 +69,9 @@ NON_FINITE_EXTRAS = [
     _struct({"lora": math.inf}),
 ]
 
+# A request's own deadline, at the edges: none, shorter than any step, about a prefill, long, the largest.
+TIMEOUT_MS_EDGES = [0, 1, 2, 3, 5, 8, 20, 50, 5000, 2**32 - 1]
+
 # -- hints per surface ------------------------------------------------------------------------------
 
 
@@ -83,7 +89,7 @@ def text_hints(known: Known) -> dict:
         "max_tokens": st.one_of(small(24), st.just(known.context_length)),
         "n": small(5),
         "top_logprobs": small(25),
-        "timeout_ms": st.sampled_from([0, 1, 50, 5000]),
+        "timeout_ms": st.sampled_from(TIMEOUT_MS_EDGES),
         "role": st.sampled_from(["user", "system", "assistant", "tool", "", "admin"]),
         "prompt": st.sampled_from(["", "def f(x):\n", "Hola", "\x00", "x" * 3000]),
         "stop": st.sampled_from(["", "\n", " ", ".", "x" * 300]),
@@ -180,6 +186,16 @@ def address(stack, service: str) -> str:
     ].address
 
 
+def ended_empty(surface: Surface, reply: Reply) -> bool:
+    """A Generate stream that ended OK without a Completion: the client cannot tell how it ended."""
+    if reply.code != "OK" or not surface.method.endswith("Gateway/Generate"):
+        return False
+    messages = [gateway_pb2.GenerateResponse.FromString(r) for r in reply.responses]
+    indices = {m.index for m in messages}
+    done = {m.index for m in messages if m.HasField("done")}
+    return not done or indices != done
+
+
 def stream_errors(surface: Surface, reply: Reply) -> list[str]:
     """Completions that a gateway stream ended with ERROR: a failure inside, not the client's fault."""
     if surface.method.endswith("Gateway/Generate"):
@@ -253,6 +269,8 @@ def test_hostile_requests_get_a_clear_status(fuzz_stack, known, surface):
         reply = asyncio.run(send())
         errors = stream_errors(surface, reply)
         outcome = "ERROR in stream" if errors else reply.code
+        if ended_empty(surface, reply):
+            outcome = "OK without a Completion"
         tally(f"gRPC {surface.name}", outcome, reply.details)
         if len(sent) == 1:
             track_batches(surface, known, reply, sent[0][1])
@@ -268,4 +286,56 @@ def test_hostile_requests_get_a_clear_status(fuzz_stack, known, surface):
     finally:
         if surface.service == "lm" and known.batches:
             asyncio.run(clear_batches(fuzz_stack, known))
+    unharmed(fuzz_stack, known)
+
+
+def test_tiny_deadlines_fail_their_own_requests_only(fuzz_stack, known):
+    """timeout_ms and call deadlines at their edges, on prompts that take longer to prefill than the deadline:
+    each such request ends DEADLINE_EXCEEDED or with its Completions (never OK and empty), a stream running
+    beside them keeps its pace and ends whole, and the lone lm replica stays in rotation throughout."""
+
+    async def generate(stub, request, timeout) -> str:
+        try:
+            messages = [m async for m in stub.Generate(request, timeout=timeout)]
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+        done = [m for m in messages if m.HasField("done")]
+        return "OK" if done else "OK without a Completion"
+
+    async def run() -> tuple[collections.Counter, list[float], str, collections.Counter]:
+        async with grpc.aio.insecure_channel(fuzz_stack.gateway.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            bystander = gateway_pb2.GenerateRequest(prompt="def fuzz(x):\n", max_tokens=200, ignore_eos=True, seed=5)
+            gaps: list[float] = []
+
+            async def watch() -> str:
+                last = time.monotonic()
+                async for message in stub.Generate(bystander, timeout=300):
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+                    if message.HasField("done"):
+                        return gateway_pb2.FinishReason.Name(message.done.finish_reason)
+                return "no Completion"
+
+            watching = asyncio.ensure_future(watch())
+            outcomes: collections.Counter = collections.Counter()
+            after: collections.Counter = collections.Counter()
+            for i, timeout_ms in enumerate(TIMEOUT_MS_EDGES * 3):
+                call_timeout = (0.002, 0.02, 30)[i % 3]  # the caller's own deadline, at its edges too
+                request = gateway_pb2.GenerateRequest(prompt="😀" * 100, max_tokens=8, seed=i, timeout_ms=timeout_ms)
+                outcomes[await generate(stub, request, call_timeout)] += 1
+                ordinary = gateway_pb2.GenerateRequest(prompt="Hola", max_tokens=2, seed=i)
+                after[await generate(stub, ordinary, 30)] += 1
+            return outcomes, gaps, await watching, after
+
+    outcomes, gaps, bystander_end, after = asyncio.run(run())
+    for outcome, count in outcomes.items():
+        for _ in range(count):
+            tally("gRPC Generate, deadlines at their edges", outcome)
+    assert set(outcomes) <= {"OK", "DEADLINE_EXCEEDED"}, outcomes
+    assert outcomes["DEADLINE_EXCEEDED"] >= len(TIMEOUT_MS_EDGES), outcomes  # the short ones did cut requests
+    assert after == {"OK": 3 * len(TIMEOUT_MS_EDGES)}, after  # never UNAVAILABLE: the replica stayed in
+    assert bystander_end == "LENGTH"
+    assert max(gaps[1:]) < 2.0, f"the bystander stalled {max(gaps[1:]):.2f} s between two messages"
     unharmed(fuzz_stack, known)

@@ -40,7 +40,7 @@ class ConstraintSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "stop_token_ids", "seed", "n", "samplers", "logprobs", "top_logprobs", "ignore_eos", "add_special_tokens", "timeout_ms", "disable_prefix_cache", "include_stop_str_in_output", "constraint", "tools_json")
+    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "stop_token_ids", "seed", "n", "samplers", "logprobs", "top_logprobs", "ignore_eos", "add_special_tokens", "timeout_ms", "disable_prefix_cache", "include_stop_str_in_output", "constraint", "tools_json", "allow_special_tokens")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class GenerateRequest(_message.Message):
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _common_pb2.ChatMessages
@@ -77,7 +78,8 @@ class GenerateRequest(_message.Message):
     include_stop_str_in_output: bool
     constraint: ConstraintSpec
     tools_json: str
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSpec, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., disable_prefix_cache: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., constraint: _Optional[_Union[ConstraintSpec, _Mapping]] = ..., tools_json: _Optional[str] = ...) -> None: ...
+    allow_special_tokens: bool
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSpec, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., disable_prefix_cache: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., constraint: _Optional[_Union[ConstraintSpec, _Mapping]] = ..., tools_json: _Optional[str] = ..., allow_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "token", "logprob")

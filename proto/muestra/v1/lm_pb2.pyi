@@ -98,16 +98,18 @@ class PrefixBlocks(_message.Message):
     def __init__(self, block_size: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., cached_blocks: _Optional[int] = ..., write: _Optional[bool] = ...) -> None: ...
 
 class PrefillRow(_message.Message):
-    __slots__ = ("request_id", "input_ids", "output", "prefix")
+    __slots__ = ("request_id", "input_ids", "output", "prefix", "suppressed_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
+    SUPPRESSED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     input_ids: _containers.RepeatedScalarFieldContainer[int]
     output: OutputSpec
     prefix: PrefixBlocks
-    def __init__(self, request_id: _Optional[str] = ..., input_ids: _Optional[_Iterable[int]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., prefix: _Optional[_Union[PrefixBlocks, _Mapping]] = ...) -> None: ...
+    suppressed_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., input_ids: _Optional[_Iterable[int]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., prefix: _Optional[_Union[PrefixBlocks, _Mapping]] = ..., suppressed_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("rows",)

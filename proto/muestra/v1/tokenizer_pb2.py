@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from muestra.v1 import common_pb2 as muestra_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1amuestra/v1/tokenizer.proto\x12\nmuestra.v1\x1a\x17muestra/v1/common.proto\"\x1e\n\x0eTokenizerChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\")\n\x18\x44\x65scribeTokenizerRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x9b\x02\n\x19\x44\x65scribeTokenizerResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06models\x18\x02 \x03(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x19\n\x0c\x62os_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x19\n\x0cpad_token_id\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x10model_max_length\x18\x07 \x01(\x04\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\x16\n\x0emax_text_bytes\x18\n \x01(\x04\x42\x0f\n\r_bos_token_idB\x0f\n\r_pad_token_id\"a\n\rEncodeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\x12\x16\n\x0ereturn_offsets\x18\x04 \x01(\x08\"S\n\x08\x45ncoding\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\x12\x15\n\roffset_starts\x18\x03 \x03(\r\x12\x13\n\x0boffset_ends\x18\x04 \x03(\r\"9\n\x0e\x45ncodeResponse\x12\'\n\tencodings\x18\x01 \x03(\x0b\x32\x14.muestra.v1.Encoding\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"j\n\x13\x44\x65\x63odeTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\tsequences\x18\x02 \x03(\x0b\x32\x14.muestra.v1.TokenIds\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\"%\n\x14\x44\x65\x63odeTokensResponse\x12\r\n\x05texts\x18\x01 \x03(\t\"\x99\x01\n\x18\x41pplyChatTemplateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.muestra.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08\x12\x10\n\x08tokenize\x18\x04 \x01(\x08\x12\x12\n\ntools_json\x18\x05 \x01(\t\"6\n\x19\x41pplyChatTemplateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\r\"W\n\x10\x44\x65tokenizeStream\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x13\n\x0bread_offset\x18\x02 \x01(\r\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"r\n\x15\x44\x65tokenizeStepRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12-\n\x07streams\x18\x02 \x03(\x0b\x32\x1c.muestra.v1.DetokenizeStream\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\"M\n\x0f\x44\x65tokenizeDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x16\n\x0eprefix_advance\x18\x02 \x01(\r\x12\x14\n\x0cread_advance\x18\x03 \x01(\r\"E\n\x16\x44\x65tokenizeStepResponse\x12+\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x1b.muestra.v1.DetokenizeDelta2\xe2\x04\n\tTokenizer\x12W\n\x08\x44\x65scribe\x12$.muestra.v1.DescribeTokenizerRequest\x1a%.muestra.v1.DescribeTokenizerResponse\x12?\n\x06\x45ncode\x12\x19.muestra.v1.EncodeRequest\x1a\x1a.muestra.v1.EncodeResponse\x12K\n\x06\x44\x65\x63ode\x12\x1f.muestra.v1.DecodeTokensRequest\x1a .muestra.v1.DecodeTokensResponse\x12`\n\x11\x41pplyChatTemplate\x12$.muestra.v1.ApplyChatTemplateRequest\x1a%.muestra.v1.ApplyChatTemplateResponse\x12W\n\x0e\x44\x65tokenizeStep\x12!.muestra.v1.DetokenizeStepRequest\x1a\".muestra.v1.DetokenizeStepResponse\x12\\\n\x0f\x44\x65tokenizeSteps\x12!.muestra.v1.DetokenizeStepRequest\x1a\".muestra.v1.DetokenizeStepResponse(\x01\x30\x01\x12U\n\x0f\x45xportTokenizer\x12$.muestra.v1.DescribeTokenizerRequest\x1a\x1a.muestra.v1.TokenizerChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1amuestra/v1/tokenizer.proto\x12\nmuestra.v1\x1a\x17muestra/v1/common.proto\"\x1e\n\x0eTokenizerChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\")\n\x18\x44\x65scribeTokenizerRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xb6\x02\n\x19\x44\x65scribeTokenizerResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06models\x18\x02 \x03(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x19\n\x0c\x62os_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x19\n\x0cpad_token_id\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x10model_max_length\x18\x07 \x01(\x04\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\x16\n\x0emax_text_bytes\x18\n \x01(\x04\x12\x19\n\x11special_token_ids\x18\x0b \x03(\rB\x0f\n\r_bos_token_idB\x0f\n\r_pad_token_id\"a\n\rEncodeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\x12\x16\n\x0ereturn_offsets\x18\x04 \x01(\x08\"S\n\x08\x45ncoding\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\x12\x15\n\roffset_starts\x18\x03 \x03(\r\x12\x13\n\x0boffset_ends\x18\x04 \x03(\r\"9\n\x0e\x45ncodeResponse\x12\'\n\tencodings\x18\x01 \x03(\x0b\x32\x14.muestra.v1.Encoding\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"j\n\x13\x44\x65\x63odeTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\tsequences\x18\x02 \x03(\x0b\x32\x14.muestra.v1.TokenIds\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\"%\n\x14\x44\x65\x63odeTokensResponse\x12\r\n\x05texts\x18\x01 \x03(\t\"\x99\x01\n\x18\x41pplyChatTemplateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.muestra.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08\x12\x10\n\x08tokenize\x18\x04 \x01(\x08\x12\x12\n\ntools_json\x18\x05 \x01(\t\"6\n\x19\x41pplyChatTemplateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\r\"W\n\x10\x44\x65tokenizeStream\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x13\n\x0bread_offset\x18\x02 \x01(\r\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"r\n\x15\x44\x65tokenizeStepRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12-\n\x07streams\x18\x02 \x03(\x0b\x32\x1c.muestra.v1.DetokenizeStream\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\"M\n\x0f\x44\x65tokenizeDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x16\n\x0eprefix_advance\x18\x02 \x01(\r\x12\x14\n\x0cread_advance\x18\x03 \x01(\r\"E\n\x16\x44\x65tokenizeStepResponse\x12+\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x1b.muestra.v1.DetokenizeDelta2\xe2\x04\n\tTokenizer\x12W\n\x08\x44\x65scribe\x12$.muestra.v1.DescribeTokenizerRequest\x1a%.muestra.v1.DescribeTokenizerResponse\x12?\n\x06\x45ncode\x12\x19.muestra.v1.EncodeRequest\x1a\x1a.muestra.v1.EncodeResponse\x12K\n\x06\x44\x65\x63ode\x12\x1f.muestra.v1.DecodeTokensRequest\x1a .muestra.v1.DecodeTokensResponse\x12`\n\x11\x41pplyChatTemplate\x12$.muestra.v1.ApplyChatTemplateRequest\x1a%.muestra.v1.ApplyChatTemplateResponse\x12W\n\x0e\x44\x65tokenizeStep\x12!.muestra.v1.DetokenizeStepRequest\x1a\".muestra.v1.DetokenizeStepResponse\x12\\\n\x0f\x44\x65tokenizeSteps\x12!.muestra.v1.DetokenizeStepRequest\x1a\".muestra.v1.DetokenizeStepResponse(\x01\x30\x01\x12U\n\x0f\x45xportTokenizer\x12$.muestra.v1.DescribeTokenizerRequest\x1a\x1a.muestra.v1.TokenizerChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,31 +37,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBETOKENIZERREQUEST']._serialized_start=99
   _globals['_DESCRIBETOKENIZERREQUEST']._serialized_end=140
   _globals['_DESCRIBETOKENIZERRESPONSE']._serialized_start=143
-  _globals['_DESCRIBETOKENIZERRESPONSE']._serialized_end=426
-  _globals['_ENCODEREQUEST']._serialized_start=428
-  _globals['_ENCODEREQUEST']._serialized_end=525
-  _globals['_ENCODING']._serialized_start=527
-  _globals['_ENCODING']._serialized_end=610
-  _globals['_ENCODERESPONSE']._serialized_start=612
-  _globals['_ENCODERESPONSE']._serialized_end=669
-  _globals['_TOKENIDS']._serialized_start=671
-  _globals['_TOKENIDS']._serialized_end=694
-  _globals['_DECODETOKENSREQUEST']._serialized_start=696
-  _globals['_DECODETOKENSREQUEST']._serialized_end=802
-  _globals['_DECODETOKENSRESPONSE']._serialized_start=804
-  _globals['_DECODETOKENSRESPONSE']._serialized_end=841
-  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_start=844
-  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_end=997
-  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_start=999
-  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_end=1053
-  _globals['_DETOKENIZESTREAM']._serialized_start=1055
-  _globals['_DETOKENIZESTREAM']._serialized_end=1142
-  _globals['_DETOKENIZESTEPREQUEST']._serialized_start=1144
-  _globals['_DETOKENIZESTEPREQUEST']._serialized_end=1258
-  _globals['_DETOKENIZEDELTA']._serialized_start=1260
-  _globals['_DETOKENIZEDELTA']._serialized_end=1337
-  _globals['_DETOKENIZESTEPRESPONSE']._serialized_start=1339
-  _globals['_DETOKENIZESTEPRESPONSE']._serialized_end=1408
-  _globals['_TOKENIZER']._serialized_start=1411
-  _globals['_TOKENIZER']._serialized_end=2021
+  _globals['_DESCRIBETOKENIZERRESPONSE']._serialized_end=453
+  _globals['_ENCODEREQUEST']._serialized_start=455
+  _globals['_ENCODEREQUEST']._serialized_end=552
+  _globals['_ENCODING']._serialized_start=554
+  _globals['_ENCODING']._serialized_end=637
+  _globals['_ENCODERESPONSE']._serialized_start=639
+  _globals['_ENCODERESPONSE']._serialized_end=696
+  _globals['_TOKENIDS']._serialized_start=698
+  _globals['_TOKENIDS']._serialized_end=721
+  _globals['_DECODETOKENSREQUEST']._serialized_start=723
+  _globals['_DECODETOKENSREQUEST']._serialized_end=829
+  _globals['_DECODETOKENSRESPONSE']._serialized_start=831
+  _globals['_DECODETOKENSRESPONSE']._serialized_end=868
+  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_start=871
+  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_end=1024
+  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_start=1026
+  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_end=1080
+  _globals['_DETOKENIZESTREAM']._serialized_start=1082
+  _globals['_DETOKENIZESTREAM']._serialized_end=1169
+  _globals['_DETOKENIZESTEPREQUEST']._serialized_start=1171
+  _globals['_DETOKENIZESTEPREQUEST']._serialized_end=1285
+  _globals['_DETOKENIZEDELTA']._serialized_start=1287
+  _globals['_DETOKENIZEDELTA']._serialized_end=1364
+  _globals['_DETOKENIZESTEPRESPONSE']._serialized_start=1366
+  _globals['_DETOKENIZESTEPRESPONSE']._serialized_end=1435
+  _globals['_TOKENIZER']._serialized_start=1438
+  _globals['_TOKENIZER']._serialized_end=2048
 # @@protoc_insertion_point(module_scope)

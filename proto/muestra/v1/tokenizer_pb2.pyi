@@ -20,7 +20,7 @@ class DescribeTokenizerRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class DescribeTokenizerResponse(_message.Message):
-    __slots__ = ("model", "models", "vocab_size", "bos_token_id", "eos_token_ids", "pad_token_id", "model_max_length", "has_chat_template", "backend", "max_text_bytes")
+    __slots__ = ("model", "models", "vocab_size", "bos_token_id", "eos_token_ids", "pad_token_id", "model_max_length", "has_chat_template", "backend", "max_text_bytes", "special_token_ids")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class DescribeTokenizerResponse(_message.Message):
     HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     MAX_TEXT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     models: _containers.RepeatedScalarFieldContainer[str]
     vocab_size: int
@@ -41,7 +42,8 @@ class DescribeTokenizerResponse(_message.Message):
     has_chat_template: bool
     backend: str
     max_text_bytes: int
-    def __init__(self, model: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., pad_token_id: _Optional[int] = ..., model_max_length: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., backend: _Optional[str] = ..., max_text_bytes: _Optional[int] = ...) -> None: ...
+    special_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., pad_token_id: _Optional[int] = ..., model_max_length: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., backend: _Optional[str] = ..., max_text_bytes: _Optional[int] = ..., special_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
     __slots__ = ("model", "texts", "add_special_tokens", "return_offsets")

@@ -35,6 +35,11 @@ class TokenizerBackend(abc.ABC):
     def vocab_size(self) -> int:
         """Number of ids, added tokens included; valid ids are [0, vocab_size)."""
 
+    @property
+    @abc.abstractmethod
+    def special_token_ids(self) -> list[int]:
+        """The ids decode drops with skip_special_tokens, ascending."""
+
     @abc.abstractmethod
     def token_to_id(self, token: str) -> int | None:
         """The id of a token string, or None when the vocabulary lacks it."""

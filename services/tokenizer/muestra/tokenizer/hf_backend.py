@@ -31,6 +31,10 @@ class TokenizersBackend(TokenizerBackend):
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    @property
+    def special_token_ids(self) -> list[int]:
+        return sorted(i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special)
+
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (as loaded: no padding, no truncation)."""
         return self.tokenizer.to_str()

@@ -116,6 +116,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             has_chat_template=t.chat_template is not None,
             backend=t.backend.kind,
             max_text_bytes=self.limits.max_text_bytes,
+            special_token_ids=t.backend.special_token_ids,
         )
 
     async def ExportTokenizer(self, request, context):

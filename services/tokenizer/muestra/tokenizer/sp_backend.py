@@ -36,6 +36,10 @@ class SentencePieceBackend(TokenizerBackend):
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    @property
+    def special_token_ids(self) -> list[int]:
+        return sorted(self.control_ids)
+
     def token_to_id(self, token: str) -> int | None:
         token_id = self.processor.piece_to_id(token)
         # piece_to_id answers unk_id for a piece it lacks; only "<unk>" itself maps there honestly.

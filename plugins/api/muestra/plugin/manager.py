@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import pluggy
 
-from muestra.plugin import ENTRY_POINT_GROUP, hookspecs
+from muestra.plugin import ENTRY_POINT_GROUP, hookimpl, hookspecs
 
 log = logging.getLogger("muestra.plugins")
 DISABLE_ENV = "MUESTRA_DISABLE_PLUGINS"
@@ -70,6 +70,28 @@ class InvalidRegistration(TypeError):
     """A plugin called register(...) with something that cannot be registered."""
 
 
+class BuiltinPlugin:
+    """A built-in plugin object: registers the samplers and constraints it is given through the matching hooks.
+
+    `module` is where it is built; its record names that module's distribution, as a module plugin's would.
+    """
+
+    def __init__(self, module: str, *, samplers: tuple = (), constraints: tuple = ()) -> None:
+        self.module = module
+        self.samplers = samplers
+        self.constraints = constraints
+
+    @hookimpl
+    def register_samplers(self, register):
+        for sampler in self.samplers:
+            register(sampler)
+
+    @hookimpl
+    def register_constraints(self, register):
+        for constraint in self.constraints:
+            register(constraint)
+
+
 def disabled_names(env: Mapping[str, str] | None = None) -> set[str]:
     """Names listed in MUESTRA_DISABLE_PLUGINS (comma- or space-separated)."""
     raw = (os.environ if env is None else env).get(DISABLE_ENV, "")
@@ -108,7 +130,7 @@ class Plugins:
     def load(cls, builtins: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Plugins:
         """The built-ins, then every `muestra` entry point, minus those named in MUESTRA_DISABLE_PLUGINS.
 
-        builtins maps plugin name -> a module path, or an object with hookimpls (pluggy registers either).
+        builtins maps plugin name -> a module path, a BuiltinPlugin, or another object with hookimpls.
         """
         disabled = disabled_names(env)
         pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
@@ -117,7 +139,10 @@ class Plugins:
         for name, plugin in builtins.items():
             if isinstance(plugin, str):
                 plugin = importlib.import_module(plugin)
-            module_name = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+            if isinstance(plugin, types.ModuleType):
+                module_name = plugin.__name__
+            else:
+                module_name = plugin.module if isinstance(plugin, BuiltinPlugin) else type(plugin).__module__
             records.append(PluginRecord(name, *_distribution_of(module_name), disabled=name in disabled))
             if name not in disabled:
                 pm.register(plugin, name=name)

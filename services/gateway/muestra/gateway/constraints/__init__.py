@@ -13,22 +13,10 @@ from muestra.gateway.constraints.grammar import LarkGrammar
 from muestra.gateway.constraints.json_object import JsonObject
 from muestra.gateway.constraints.json_schema import JsonSchema
 from muestra.gateway.constraints.regex import Regex
-from muestra.plugin import Constraint, hookimpl
-
-
-class BuiltinConstraint:
-    """The plugin of one built-in constraint kind."""
-
-    def __init__(self, constraint: Constraint) -> None:
-        self.constraint = constraint
-
-    @hookimpl
-    def register_constraints(self, register):
-        register(self.constraint)
-
+from muestra.plugin.manager import BuiltinPlugin
 
 # Plugin name -> plugin, in registration order (what ConstraintRegistry.load takes as builtin_modules).
 BUILTIN_CONSTRAINT_MODULES = {
-    constraint.name: BuiltinConstraint(constraint)
+    constraint.name: BuiltinPlugin(__name__, constraints=(constraint,))
     for constraint in (JsonObject(), JsonSchema(), Regex(), LarkGrammar())
 }

@@ -15,23 +15,11 @@ from muestra.gateway.samplers.temperature import Temperature
 from muestra.gateway.samplers.top_k import TopK
 from muestra.gateway.samplers.top_p import TopP
 from muestra.gateway.samplers.typical_p import TypicalP
-from muestra.plugin import Sampler, hookimpl
-
-
-class BuiltinSampler:
-    """The plugin of one built-in sampler."""
-
-    def __init__(self, sampler: Sampler) -> None:
-        self.sampler = sampler
-
-    @hookimpl
-    def register_samplers(self, register):
-        register(self.sampler)
-
+from muestra.plugin.manager import BuiltinPlugin
 
 # Plugin name -> plugin, in registration order (what SamplerRegistry.load takes as builtin_modules).
 BUILTIN_SAMPLER_MODULES = {
-    sampler.name: BuiltinSampler(sampler)
+    sampler.name: BuiltinPlugin(__name__, samplers=(sampler,))
     for sampler in (
         Greedy(),
         Sample(),

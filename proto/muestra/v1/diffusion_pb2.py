@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1amuestra/v1/diffusion.proto\x12\nmuestra.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x1a\n\x18\x44\x65scribeDiffusionRequest\"\xaa\x02\n\x19\x44\x65scribeDiffusionResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x10\n\x08pipeline\x18\x04 \x01(\t\x12\x15\n\rdefault_width\x18\x05 \x01(\r\x12\x16\n\x0e\x64\x65\x66\x61ult_height\x18\x06 \x01(\r\x12\x11\n\tmax_width\x18\x07 \x01(\r\x12\x12\n\nmax_height\x18\x08 \x01(\r\x12\x11\n\tmax_steps\x18\t \x01(\r\x12\x12\n\nmax_images\x18\n \x01(\r\x12\x1d\n\x15max_input_image_bytes\x18\x0b \x01(\x04\x12\x1e\n\x16max_input_image_pixels\x18\x0c \x01(\x04\x12\x11\n\tmax_loras\x18\r \x01(\r\"\x17\n\x15ListSchedulersRequest\"e\n\rSchedulerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x0e\n\x06plugin\x18\x03 \x01(\t\x12\x14\n\x0c\x64istribution\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\"G\n\x16ListSchedulersResponse\x12-\n\nschedulers\x18\x01 \x03(\x0b\x32\x19.muestra.v1.SchedulerInfo\"\x12\n\x10ListLorasRequest\":\n\x08LoraInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\"8\n\x11ListLorasResponse\x12#\n\x05loras\x18\x01 \x03(\x0b\x32\x14.muestra.v1.LoraInfo\"*\n\nLoraWeight\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x02\"\x8e\x04\n\x0cImageRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x03 \x01(\t\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\r\n\x05steps\x18\x06 \x01(\r\x12\x1b\n\x0eguidance_scale\x18\x07 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x01\x88\x01\x01\x12\x0f\n\x07sampler\x18\t \x01(\t\x12\x12\n\nnum_images\x18\n \x01(\r\x12\x15\n\rpreview_every\x18\x0b \x01(\r\x12&\n\x05\x65xtra\x18\x0c \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\ninit_image\x18\r \x01(\x0c\x12\x15\n\x08strength\x18\x0e \x01(\x01H\x02\x88\x01\x01\x12\x12\n\nmask_image\x18\x0f \x01(\x0c\x12\x17\n\x0fmask_from_alpha\x18\x10 \x01(\x08\x12\x13\n\x0binvert_mask\x18\x11 \x01(\x08\x12\x11\n\tmask_blur\x18\x12 \x01(\r\x12\x1e\n\x11padding_mask_crop\x18\x13 \x01(\rH\x03\x88\x01\x01\x12%\n\x05loras\x18\x14 \x03(\x0b\x32\x16.muestra.v1.LoraWeightB\x11\n\x0f_guidance_scaleB\x07\n\x05_seedB\x0b\n\t_strengthB\x14\n\x12_padding_mask_crop\"i\n\rImageProgress\x12\x13\n\x0bimage_index\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\r\n\x05total\x18\x03 \x01(\r\x12\x11\n\telapsed_s\x18\x04 \x01(\x02\x12\x13\n\x0bpreview_png\x18\x05 \x01(\x0c\"m\n\x0eGeneratedImage\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x0b\n\x03png\x18\x03 \x01(\x0c\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\x12\n\nparameters\x18\x06 \x01(\t\"s\n\rImageResponse\x12-\n\x08progress\x18\x01 \x01(\x0b\x32\x19.muestra.v1.ImageProgressH\x00\x12+\n\x05image\x18\x02 \x01(\x0b\x32\x1a.muestra.v1.GeneratedImageH\x00\x42\x06\n\x04kind2\xca\x02\n\tDiffusion\x12W\n\x08\x44\x65scribe\x12$.muestra.v1.DescribeDiffusionRequest\x1a%.muestra.v1.DescribeDiffusionResponse\x12W\n\x0eListSchedulers\x12!.muestra.v1.ListSchedulersRequest\x1a\".muestra.v1.ListSchedulersResponse\x12H\n\tListLoras\x12\x1c.muestra.v1.ListLorasRequest\x1a\x1d.muestra.v1.ListLorasResponse\x12\x41\n\x08Generate\x12\x18.muestra.v1.ImageRequest\x1a\x19.muestra.v1.ImageResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1amuestra/v1/diffusion.proto\x12\nmuestra.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x1a\n\x18\x44\x65scribeDiffusionRequest\"\xc3\x02\n\x19\x44\x65scribeDiffusionResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x10\n\x08pipeline\x18\x04 \x01(\t\x12\x15\n\rdefault_width\x18\x05 \x01(\r\x12\x16\n\x0e\x64\x65\x66\x61ult_height\x18\x06 \x01(\r\x12\x11\n\tmax_width\x18\x07 \x01(\r\x12\x12\n\nmax_height\x18\x08 \x01(\r\x12\x11\n\tmax_steps\x18\t \x01(\r\x12\x12\n\nmax_images\x18\n \x01(\r\x12\x1d\n\x15max_input_image_bytes\x18\x0b \x01(\x04\x12\x1e\n\x16max_input_image_pixels\x18\x0c \x01(\x04\x12\x11\n\tmax_loras\x18\r \x01(\r\x12\x17\n\x0fmax_size_factor\x18\x0e \x01(\x02\"\x17\n\x15ListSchedulersRequest\"e\n\rSchedulerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x0e\n\x06plugin\x18\x03 \x01(\t\x12\x14\n\x0c\x64istribution\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\"G\n\x16ListSchedulersResponse\x12-\n\nschedulers\x18\x01 \x03(\x0b\x32\x19.muestra.v1.SchedulerInfo\"\x12\n\x10ListLorasRequest\":\n\x08LoraInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\"8\n\x11ListLorasResponse\x12#\n\x05loras\x18\x01 \x03(\x0b\x32\x14.muestra.v1.LoraInfo\"*\n\nLoraWeight\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x02\"\x8e\x04\n\x0cImageRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x03 \x01(\t\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\r\n\x05steps\x18\x06 \x01(\r\x12\x1b\n\x0eguidance_scale\x18\x07 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x01\x88\x01\x01\x12\x0f\n\x07sampler\x18\t \x01(\t\x12\x12\n\nnum_images\x18\n \x01(\r\x12\x15\n\rpreview_every\x18\x0b \x01(\r\x12&\n\x05\x65xtra\x18\x0c \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\ninit_image\x18\r \x01(\x0c\x12\x15\n\x08strength\x18\x0e \x01(\x01H\x02\x88\x01\x01\x12\x12\n\nmask_image\x18\x0f \x01(\x0c\x12\x17\n\x0fmask_from_alpha\x18\x10 \x01(\x08\x12\x13\n\x0binvert_mask\x18\x11 \x01(\x08\x12\x11\n\tmask_blur\x18\x12 \x01(\r\x12\x1e\n\x11padding_mask_crop\x18\x13 \x01(\rH\x03\x88\x01\x01\x12%\n\x05loras\x18\x14 \x03(\x0b\x32\x16.muestra.v1.LoraWeightB\x11\n\x0f_guidance_scaleB\x07\n\x05_seedB\x0b\n\t_strengthB\x14\n\x12_padding_mask_crop\"i\n\rImageProgress\x12\x13\n\x0bimage_index\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\r\n\x05total\x18\x03 \x01(\r\x12\x11\n\telapsed_s\x18\x04 \x01(\x02\x12\x13\n\x0bpreview_png\x18\x05 \x01(\x0c\"m\n\x0eGeneratedImage\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x0b\n\x03png\x18\x03 \x01(\x0c\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\x12\n\nparameters\x18\x06 \x01(\t\"s\n\rImageResponse\x12-\n\x08progress\x18\x01 \x01(\x0b\x32\x19.muestra.v1.ImageProgressH\x00\x12+\n\x05image\x18\x02 \x01(\x0b\x32\x1a.muestra.v1.GeneratedImageH\x00\x42\x06\n\x04kind2\xca\x02\n\tDiffusion\x12W\n\x08\x44\x65scribe\x12$.muestra.v1.DescribeDiffusionRequest\x1a%.muestra.v1.DescribeDiffusionResponse\x12W\n\x0eListSchedulers\x12!.muestra.v1.ListSchedulersRequest\x1a\".muestra.v1.ListSchedulersResponse\x12H\n\tListLoras\x12\x1c.muestra.v1.ListLorasRequest\x1a\x1d.muestra.v1.ListLorasResponse\x12\x41\n\x08Generate\x12\x18.muestra.v1.ImageRequest\x1a\x19.muestra.v1.ImageResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,29 +35,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEDIFFUSIONREQUEST']._serialized_start=72
   _globals['_DESCRIBEDIFFUSIONREQUEST']._serialized_end=98
   _globals['_DESCRIBEDIFFUSIONRESPONSE']._serialized_start=101
-  _globals['_DESCRIBEDIFFUSIONRESPONSE']._serialized_end=399
-  _globals['_LISTSCHEDULERSREQUEST']._serialized_start=401
-  _globals['_LISTSCHEDULERSREQUEST']._serialized_end=424
-  _globals['_SCHEDULERINFO']._serialized_start=426
-  _globals['_SCHEDULERINFO']._serialized_end=527
-  _globals['_LISTSCHEDULERSRESPONSE']._serialized_start=529
-  _globals['_LISTSCHEDULERSRESPONSE']._serialized_end=600
-  _globals['_LISTLORASREQUEST']._serialized_start=602
-  _globals['_LISTLORASREQUEST']._serialized_end=620
-  _globals['_LORAINFO']._serialized_start=622
-  _globals['_LORAINFO']._serialized_end=680
-  _globals['_LISTLORASRESPONSE']._serialized_start=682
-  _globals['_LISTLORASRESPONSE']._serialized_end=738
-  _globals['_LORAWEIGHT']._serialized_start=740
-  _globals['_LORAWEIGHT']._serialized_end=782
-  _globals['_IMAGEREQUEST']._serialized_start=785
-  _globals['_IMAGEREQUEST']._serialized_end=1311
-  _globals['_IMAGEPROGRESS']._serialized_start=1313
-  _globals['_IMAGEPROGRESS']._serialized_end=1418
-  _globals['_GENERATEDIMAGE']._serialized_start=1420
-  _globals['_GENERATEDIMAGE']._serialized_end=1529
-  _globals['_IMAGERESPONSE']._serialized_start=1531
-  _globals['_IMAGERESPONSE']._serialized_end=1646
-  _globals['_DIFFUSION']._serialized_start=1649
-  _globals['_DIFFUSION']._serialized_end=1979
+  _globals['_DESCRIBEDIFFUSIONRESPONSE']._serialized_end=424
+  _globals['_LISTSCHEDULERSREQUEST']._serialized_start=426
+  _globals['_LISTSCHEDULERSREQUEST']._serialized_end=449
+  _globals['_SCHEDULERINFO']._serialized_start=451
+  _globals['_SCHEDULERINFO']._serialized_end=552
+  _globals['_LISTSCHEDULERSRESPONSE']._serialized_start=554
+  _globals['_LISTSCHEDULERSRESPONSE']._serialized_end=625
+  _globals['_LISTLORASREQUEST']._serialized_start=627
+  _globals['_LISTLORASREQUEST']._serialized_end=645
+  _globals['_LORAINFO']._serialized_start=647
+  _globals['_LORAINFO']._serialized_end=705
+  _globals['_LISTLORASRESPONSE']._serialized_start=707
+  _globals['_LISTLORASRESPONSE']._serialized_end=763
+  _globals['_LORAWEIGHT']._serialized_start=765
+  _globals['_LORAWEIGHT']._serialized_end=807
+  _globals['_IMAGEREQUEST']._serialized_start=810
+  _globals['_IMAGEREQUEST']._serialized_end=1336
+  _globals['_IMAGEPROGRESS']._serialized_start=1338
+  _globals['_IMAGEPROGRESS']._serialized_end=1443
+  _globals['_GENERATEDIMAGE']._serialized_start=1445
+  _globals['_GENERATEDIMAGE']._serialized_end=1554
+  _globals['_IMAGERESPONSE']._serialized_start=1556
+  _globals['_IMAGERESPONSE']._serialized_end=1671
+  _globals['_DIFFUSION']._serialized_start=1674
+  _globals['_DIFFUSION']._serialized_end=2004
 # @@protoc_insertion_point(module_scope)

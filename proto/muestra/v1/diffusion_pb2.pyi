@@ -12,7 +12,7 @@ class DescribeDiffusionRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeDiffusionResponse(_message.Message):
-    __slots__ = ("model", "device", "dtype", "pipeline", "default_width", "default_height", "max_width", "max_height", "max_steps", "max_images", "max_input_image_bytes", "max_input_image_pixels", "max_loras")
+    __slots__ = ("model", "device", "dtype", "pipeline", "default_width", "default_height", "max_width", "max_height", "max_steps", "max_images", "max_input_image_bytes", "max_input_image_pixels", "max_loras", "max_size_factor")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class DescribeDiffusionResponse(_message.Message):
     MAX_INPUT_IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_IMAGE_PIXELS_FIELD_NUMBER: _ClassVar[int]
     MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SIZE_FACTOR_FIELD_NUMBER: _ClassVar[int]
     model: str
     device: str
     dtype: str
@@ -39,7 +40,8 @@ class DescribeDiffusionResponse(_message.Message):
     max_input_image_bytes: int
     max_input_image_pixels: int
     max_loras: int
-    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., pipeline: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_steps: _Optional[int] = ..., max_images: _Optional[int] = ..., max_input_image_bytes: _Optional[int] = ..., max_input_image_pixels: _Optional[int] = ..., max_loras: _Optional[int] = ...) -> None: ...
+    max_size_factor: float
+    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., pipeline: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_steps: _Optional[int] = ..., max_images: _Optional[int] = ..., max_input_image_bytes: _Optional[int] = ..., max_input_image_pixels: _Optional[int] = ..., max_loras: _Optional[int] = ..., max_size_factor: _Optional[float] = ...) -> None: ...
 
 class ListSchedulersRequest(_message.Message):
     __slots__ = ()

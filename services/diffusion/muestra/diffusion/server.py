@@ -94,6 +94,7 @@ class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
             max_input_image_bytes=self.limits.max_input_image_bytes,
             max_input_image_pixels=self.limits.max_input_image_pixels,
             max_loras=self.limits.max_loras,
+            max_size_factor=self.limits.max_size_factor,
         )
 
     async def ListSchedulers(self, request, context):

@@ -16,9 +16,9 @@ TEXT_FIXTURE = Path(__file__).resolve().parents[2] / "models" / "tiny-text-fixtu
 
 @pytest.fixture(autouse=True)
 def no_running_stack(tmp_path, monkeypatch):
-    """Each test's commands see its own state file, not that of a `muestra up` the developer runs."""
-    monkeypatch.setenv("MUESTRA_STATE_FILE", str(tmp_path / "muestra-up.json"))
-    for name in ("MUESTRA_GATEWAY_ADDR", "MUESTRA_API_KEY", "MUESTRA_TOKENIZER_ADDR"):
+    """Each test's commands see their own state files, not those of a `muestra up` the developer runs."""
+    monkeypatch.setenv("MUESTRA_STATE_DIR", str(tmp_path / "muestra-stacks"))
+    for name in ("MUESTRA_GATEWAY_ADDR", "MUESTRA_API_KEY", "MUESTRA_TOKENIZER_ADDR", "MUESTRA_STATE_FILE"):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -38,18 +38,21 @@ def test_inpainting_with_a_lora_from_the_cli_equals_the_direct_request(image_sta
 
 
 @pytest.mark.parametrize(
-    ("flags", "says"),
+    ("flags", "says", "exit_code"),
     [
-        (["--init-image", "missing.png"], "--init-image missing.png: No such file or directory"),
-        (["--lora", "ink:heavy"], "--lora ink:heavy: the weight after ':' must be a number"),
-        (["--strength", "2"], "strength: must be in (0, 1], got 2"),
-        (["--lora", "nope"], "loras[0].name: unknown LoRA 'nope'; known: ink"),
+        (["--init-image", "missing.png"], "--init-image missing.png: No such file or directory", 2),
+        (["--init-image", "notes.txt"], "--init-image notes.txt: not a PNG, JPEG or WebP image", 2),
+        (["--mask", "notes.txt"], "--mask notes.txt: not a PNG, JPEG or WebP image", 2),
+        (["--lora", "ink:heavy"], "--lora ink:heavy: the weight after ':' must be a number", 2),
+        (["--strength", "2"], "argument --strength: 2 is out of range: give a number in (0, 1]", 2),
+        (["--lora", "nope"], "loras[0].name: unknown LoRA 'nope'; known: ink", 1),
     ],
 )
-def test_bad_edit_flags_are_one_line(flags, says, image_stack, inputs, tmp_path):
+def test_bad_edit_flags_are_one_line(flags, says, exit_code, image_stack, inputs, tmp_path):
     init, _ = inputs
+    (tmp_path / "notes.txt").write_text("not an image\n")
     result = muestra(
         "image", "a cat", "-o", str(tmp_path / "out.png"), "--init-image", str(init), *flags, "--steps", "2",
         "--gateway", image_stack.gateway.address, "--api-key", image_stack.api_key, cwd=tmp_path,
     )  # fmt: skip
-    assert says in assert_fails_in_one_line(result)
+    assert says in assert_fails_in_one_line(result, exit_code)

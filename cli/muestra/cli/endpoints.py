@@ -1,15 +1,18 @@
 """Where the CLI finds the services: a flag, else MUESTRA_<SERVICE>_ADDR, else the stack `muestra up` started.
 
-`muestra up` writes the addresses it serves on to a small state file (MUESTRA_STATE_FILE, default
-$XDG_STATE_HOME/muestra/up.json) and removes it on stop; a file whose `muestra up` is gone is ignored.
-Without one, the ports `muestra up` uses by default.
+`muestra up` writes the addresses it serves on to a state file per stack (see muestra.cli.stacks); the
+newest running one is the default. Without one, the ports `muestra up` uses by default.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
+
+from muestra.cli.arguments import check_address
+from muestra.cli.errors import CliError
+from muestra.cli.stacks import running_stack
+
+__all__ = ["api_key", "default_address", "gateway_address", "running_stack"]
 
 # Offsets from the base port (`muestra up --base-port`); only the gateway is meant to be public.
 SERVICE_PORT_OFFSETS = {"gateway": 0, "tokenizer": 1, "lm": 2, "diffusion": 3}
@@ -18,51 +21,6 @@ METRICS_PORT_OFFSET = 10
 # The gateway's OpenAI-compatible HTTP API.
 HTTP_PORT = 8000
 DEFAULT_BASE_PORT = 50051
-
-
-def state_file() -> Path:
-    if os.environ.get("MUESTRA_STATE_FILE"):
-        return Path(os.environ["MUESTRA_STATE_FILE"])
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "muestra" / "up.json"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def running_stack() -> dict | None:
-    """What the running `muestra up` wrote ({"pid", "services": {name: address}, "http", ...}), or None."""
-    try:
-        state = json.loads(state_file().read_text())
-        pid = int(state["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return state if _alive(pid) else None
-
-
-def write_stack(state: dict) -> Path:
-    path = state_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def remove_stack(pid: int) -> None:
-    """Remove the state file if it is this process's (another `muestra up` may have written it since)."""
-    try:
-        if json.loads(state_file().read_text()).get("pid") == pid:
-            state_file().unlink()
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def default_address(service: str) -> str:
@@ -77,7 +35,17 @@ def default_address(service: str) -> str:
 
 
 def gateway_address(flag: str | None) -> str:
-    return flag or default_address("gateway")
+    """--gateway, else the default; CliError (exit 2) for a HOST:PORT whose port is out of range."""
+    if flag:
+        where = "--gateway"
+    elif os.environ.get("MUESTRA_GATEWAY_ADDR"):
+        where = "MUESTRA_GATEWAY_ADDR"
+    else:
+        return default_address("gateway")
+    try:
+        return check_address(where, flag or os.environ["MUESTRA_GATEWAY_ADDR"])
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
 
 
 def api_key(flag: str | None) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from muestra.cli.arguments import SEED, UINT64_MAX, address_type, integer, number
 from muestra.cli.endpoints import api_key, gateway_address
 from muestra.cli.errors import CliError
 from muestra.client import Client
@@ -14,22 +15,29 @@ SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
 
 
 def add_sampling_arguments(parser) -> None:
-    """The flags generate and chat share: model, length, sampling, seed, stops, gateway."""
+    """The flags generate and chat share: model, sampling, seed, stops, gateway (each adds its --max-tokens)."""
     parser.add_argument("--model", default="", help="model name (default: the gateway's default)")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=None, help="0 means greedy")
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--min-p", type=float, default=None)
-    parser.add_argument("--repetition-penalty", type=float, default=None)
+    parser.add_argument("--temperature", type=number(0.0, 100.0), default=None, help="0 means greedy")
+    parser.add_argument("--top-p", type=number(0.0, 1.0, low_open=True), default=None)
+    parser.add_argument("--top-k", type=integer(1, 1_000_000), default=None)
+    parser.add_argument("--min-p", type=number(0.0, 1.0), default=None)
+    parser.add_argument("--repetition-penalty", type=number(0.0, 100.0, low_open=True), default=None)
     parser.add_argument(
         "--sampler", nargs="+", action="append", default=[], metavar=("NAME", "KEY=VALUE"),
         help="one step of the sampler chain, e.g. --sampler top_k top_k=5 --sampler sample (repeatable, in order; "
         "values are JSON, else text; `muestra plugins` lists the samplers). Replaces --temperature/--top-*",
     )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=SEED, default=None, help=f"0 to {UINT64_MAX} (default: a random one)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--gateway", default=None, help="gateway address [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
+    add_gateway_arguments(parser)
+
+
+def add_gateway_arguments(parser) -> None:
+    """--gateway and --api-key, which every command that talks to the gateway takes."""
+    parser.add_argument(
+        "--gateway", type=address_type("--gateway"), default=None,
+        help="gateway HOST:PORT [MUESTRA_GATEWAY_ADDR, else the newest `muestra up`'s; `muestra up --list`]",
+    )  # fmt: skip
     parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
 
 
@@ -68,6 +76,9 @@ def sampling_kwargs(args) -> dict:
 def add_parser(sub) -> None:
     parser = sub.add_parser("generate", help="stream a completion of a prompt from the gateway")
     parser.add_argument("prompt", nargs="?", help="prompt text; - reads it from standard input")
+    parser.add_argument(
+        "--max-tokens", type=integer(0), default=64, help="most tokens to generate (default 64; 0: up to the context)"
+    )
     add_sampling_arguments(parser)
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS (up to --max-tokens)")
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")

@@ -9,8 +9,10 @@ import os
 import sys
 from pathlib import Path
 
+from muestra.cli.arguments import SEED, UINT64_MAX, integer, number, stderr_is_terminal
 from muestra.cli.endpoints import api_key, gateway_address
 from muestra.cli.errors import CliError
+from muestra.cli.generate import add_gateway_arguments
 from muestra.client import Client
 
 
@@ -21,28 +23,29 @@ def add_parser(sub) -> None:
         "-o", "--output", default="muestra.png", help="PNG path; with --num-images N, -0, -1… are added"
     )
     parser.add_argument("--negative-prompt", default="")
-    parser.add_argument("--width", type=int, default=0)
-    parser.add_argument("--height", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=0)
-    parser.add_argument("--guidance-scale", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--width", type=integer(8), default=0, help="pixels, a multiple of 8 (default: the model's)")
+    parser.add_argument("--height", type=integer(8), default=0, help="pixels, a multiple of 8 (default: the model's)")
+    parser.add_argument("--steps", type=integer(1), default=0, help="denoising steps (default: the model's)")
+    parser.add_argument("--guidance-scale", type=number(0.0), default=None, help="1 or less: no guidance")
+    parser.add_argument("--seed", type=SEED, default=None, help=f"0 to {UINT64_MAX}; image i uses seed + i")
     parser.add_argument("--sampler", default="", help="scheduler name, e.g. euler_a, dpmpp_2m_karras")
-    parser.add_argument("--num-images", type=int, default=1)
+    parser.add_argument("--num-images", type=integer(1), default=1)
     parser.add_argument("--init-image", type=Path, default=None, help="start from this PNG/JPEG/WebP (img2img)")
-    parser.add_argument("--strength", type=float, default=None, help="how much of --init-image to repaint, in (0, 1]")
+    parser.add_argument(
+        "--strength", type=number(0.0, 1.0, low_open=True), default=None, help="how much of --init-image to repaint"
+    )
     parser.add_argument("--mask", type=Path, default=None, help="inpaint: white is repainted, black kept")
-    parser.add_argument("--mask-blur", type=int, default=0, help="blur the mask by this many pixels")
+    parser.add_argument("--mask-blur", type=integer(0), default=0, help="blur the mask by this many pixels")
     parser.add_argument("--invert-mask", action="store_true", help="repaint the black part instead")
     parser.add_argument(
-        "--only-masked", type=int, default=None, metavar="PADDING",
+        "--only-masked", type=integer(0), default=None, metavar="PADDING",
         help="inpaint only the mask's area plus PADDING pixels, at full size",
     )  # fmt: skip
     parser.add_argument(
         "--lora", action="append", default=[], metavar="NAME[:WEIGHT]", help="apply a LoRA adapter (repeatable)"
     )
     parser.add_argument("--model", default="")
-    parser.add_argument("--gateway", default=None, help="gateway address [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
-    parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
+    add_gateway_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -67,13 +70,21 @@ def _check_output(output: Path) -> None:
         raise CliError(f"-o {output}: the folder {folder} is not writable")
 
 
+def _is_image(data: bytes) -> bool:
+    """PNG, JPEG or WebP by their signatures: the formats the diffusion service reads."""
+    return data.startswith((b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
+
+
 def _read(flag: str, path: Path | None) -> bytes:
     if path is None:
         return b""
     try:
-        return path.read_bytes()
+        data = path.read_bytes()
     except OSError as exc:
-        raise CliError(f"{flag} {path}: {exc.strerror or exc}") from None
+        raise CliError(f"{flag} {path}: {exc.strerror or exc}", 2) from None
+    if not _is_image(data):
+        raise CliError(f"{flag} {path}: not a PNG, JPEG or WebP image", 2)
+    return data
 
 
 def _loras(specs: list[str]) -> dict[str, float]:
@@ -83,7 +94,7 @@ def _loras(specs: list[str]) -> dict[str, float]:
         try:
             loras[name] = float(weight) if weight else 1.0
         except ValueError:
-            raise CliError(f"--lora {spec}: the weight after ':' must be a number") from None
+            raise CliError(f"--lora {spec}: the weight after ':' must be a number", 2) from None
     return loras
 
 
@@ -93,11 +104,13 @@ def run(args) -> int:
     init_image, mask = _read("--init-image", args.init_image), _read("--mask", args.mask)
     loras = _loras(args.lora)
     args.gateway = gateway_address(args.gateway)
+    # On a terminal only: redirected, each \r update would be a line of the log.
+    show_progress = stderr_is_terminal()
     with Client(args.gateway, api_key=api_key(args.api_key)) as client:
         try:
             images = client.generate_image(
                 args.prompt,
-                on_progress=_bar,
+                on_progress=_bar if show_progress else None,
                 model=args.model,
                 negative_prompt=args.negative_prompt,
                 width=args.width,
@@ -116,7 +129,8 @@ def run(args) -> int:
                 loras=loras,
             )
         finally:
-            sys.stderr.write("\n")
+            if show_progress:
+                sys.stderr.write("\n")
     for image in images:
         path = output if len(images) == 1 else output.with_name(f"{output.stem}-{image.index}{output.suffix}")
         try:

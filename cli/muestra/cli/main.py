@@ -6,19 +6,19 @@ arguments (argparse); 130 interrupted (Ctrl-C); 141 standard output closed early
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from muestra.cli import chat, export_lm, generate, image, models, plugins, tokenize, up
+from muestra.cli.arguments import OneLineParser
 from muestra.cli.errors import CliError
 
 # Each module adds its subparser and sets `run`.
 COMMANDS = [up, generate, chat, image, tokenize, models, plugins, export_lm]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="muestra", description="muestra: self-hostable text and image generation")
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="muestra", description="muestra: self-hostable text and image generation")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.add_parser(sub)
@@ -35,7 +35,7 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from muestra.client import MuestraError, UnavailableError
+    from muestra.client import AuthenticationError, MuestraError, UnavailableError
 
     args = build_parser().parse_args(argv)
     name = f"muestra {args.command}"
@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         where = getattr(args, "gateway", None)
         hint = f" (is a gateway serving on {where}? `muestra up` starts one)" if where else ""
         print(f"{name}: {exc}{hint}", file=sys.stderr)
+        return 1
+    except AuthenticationError as exc:
+        print(f"{name}: {exc} (give the gateway's API key with --api-key or MUESTRA_API_KEY)", file=sys.stderr)
         return 1
     except MuestraError as exc:
         print(f"{name}: {exc}", file=sys.stderr)

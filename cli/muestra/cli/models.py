@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 from muestra.cli.endpoints import api_key, gateway_address
+from muestra.cli.generate import add_gateway_arguments
 from muestra.client import Client
 
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("models", help="list the models the gateway serves")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--gateway", default=None, help="gateway address [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
-    parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
+    add_gateway_arguments(parser)
     parser.set_defaults(run=run)
 
 

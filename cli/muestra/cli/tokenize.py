@@ -6,9 +6,11 @@ import json
 import os
 from pathlib import Path
 
-from muestra.cli.endpoints import api_key, gateway_address, running_stack
+from muestra.cli.arguments import address_type
+from muestra.cli.endpoints import api_key, gateway_address
 from muestra.cli.errors import CliError
-from muestra.cli.generate import read_prompt
+from muestra.cli.generate import add_gateway_arguments, read_prompt
+from muestra.cli.stacks import running_stacks
 from muestra.client import Client
 
 
@@ -18,21 +20,27 @@ def add_parser(sub) -> None:
     parser.add_argument("--model", default="", help="model name (default: the gateway's default text model)")
     parser.add_argument("--no-special-tokens", action="store_true", help="do not add BOS/EOS and the like")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--gateway", default=None, help="gateway address [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
-    parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
+    add_gateway_arguments(parser)
     parser.add_argument(
-        "--tokenizer", default=None,
+        "--tokenizer", type=address_type("--tokenizer"), default=None,
         help="ask this tokenizer service directly instead of the gateway (--model is then the tokenizer's name; "
         "internal token: MUESTRA_INTERNAL_TOKEN[_FILE], else the running `muestra up`'s)",
     )  # fmt: skip
     parser.set_defaults(run=run)
 
 
-def internal_token() -> str:
+def _stack_serving(tokenizer: str) -> dict:
+    """The running `muestra up` whose tokenizer this is, else the newest one ({} without one)."""
+    stacks = running_stacks()
+    owner = next((s for s in stacks if s.get("services", {}).get("tokenizer") == tokenizer), None)
+    return owner or (stacks[0] if stacks else {})
+
+
+def internal_token(tokenizer: str) -> str:
     """MUESTRA_INTERNAL_TOKEN, or the file MUESTRA_INTERNAL_TOKEN_FILE (else the running `muestra up`'s) names."""
     if os.environ.get("MUESTRA_INTERNAL_TOKEN") is not None:
         return os.environ["MUESTRA_INTERNAL_TOKEN"]
-    path = os.environ.get("MUESTRA_INTERNAL_TOKEN_FILE") or (running_stack() or {}).get("internal_token_file")
+    path = os.environ.get("MUESTRA_INTERNAL_TOKEN_FILE") or _stack_serving(tokenizer).get("internal_token_file")
     if not path:
         return ""
     try:
@@ -47,7 +55,7 @@ def _from_tokenizer(args, text: str) -> tuple[list[int], list[str]]:
     from muestra.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
     request = tokenizer_pb2.EncodeRequest(model=args.model, texts=[text], add_special_tokens=not args.no_special_tokens)
-    token = internal_token()
+    token = internal_token(args.tokenizer)
     metadata = [("authorization", f"Bearer {token}")] if token else []
     try:
         with grpc.insecure_channel(args.tokenizer) as channel:

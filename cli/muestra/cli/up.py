@@ -4,8 +4,9 @@ It starts redis-server on a free port when one is installed and MUESTRA_REDIS_UR
 waits for every service's gRPC health check, prints the endpoints, and stops everything on
 Ctrl-C. If a service dies, it shows that service's last log lines and stops the rest.
 
-Once every service is healthy it writes the addresses to a small state file (see
-muestra.cli.endpoints), so that the other commands find this stack without --gateway.
+Once every service is healthy it writes the addresses to a state file of its own, keyed by its base
+port (see muestra.cli.stacks), so that the other commands find the newest stack without --gateway;
+`muestra up --list` shows the running ones.
 
 Each service exports Prometheus metrics on the base port + 10 + its offset (50061 for the gateway by
 default), unless MUESTRA_<SERVICE>_METRICS_PORT or MUESTRA_METRICS_PORT sets its port; the URLs are printed.
@@ -37,16 +38,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from muestra.cli.endpoints import (
-    DEFAULT_BASE_PORT,
-    HTTP_PORT,
-    METRICS_PORT_OFFSET,
-    SERVICE_PORT_OFFSETS,
-    remove_stack,
-    state_file,
-    write_stack,
-)
+from muestra.cli.arguments import PORT_MAX, integer, number
+from muestra.cli.endpoints import DEFAULT_BASE_PORT, HTTP_PORT, METRICS_PORT_OFFSET, SERVICE_PORT_OFFSETS
 from muestra.cli.errors import CliError
+from muestra.cli.stacks import describe, remove_stack, running_stacks, write_stack
 
 # Services stop by themselves when this process goes away (see muestra.runtime.server). No
 # preexec_fn/PR_SET_PDEATHSIG: forking a process that runs gRPC threads can deadlock.
@@ -60,8 +55,9 @@ DEFAULT_IMAGE_MODEL = "muestra-image"
 def add_parser(sub) -> None:
     parser = sub.add_parser("up", help="start every service locally on loopback with the default models")
     parser.add_argument("--host", default="127.0.0.1", help="address the services bind (default: loopback)")
+    parser.add_argument("--list", action="store_true", help="list the running stacks (the newest is the default)")
     parser.add_argument(
-        "--base-port", type=int, default=DEFAULT_BASE_PORT,
+        "--base-port", type=integer(0, PORT_MAX - 3 - METRICS_PORT_OFFSET), default=DEFAULT_BASE_PORT,
         help=f"gateway port; the others follow it (default {DEFAULT_BASE_PORT}; 0: free ports)",
     )  # fmt: skip
     parser.add_argument(
@@ -76,16 +72,21 @@ def add_parser(sub) -> None:
         help="image model folder [MUESTRA_DIFFUSION_MODEL]",
     )
     parser.add_argument(
-        "--http-port", type=int, default=HTTP_PORT, help=f"gateway's OpenAI-compatible HTTP port (default {HTTP_PORT})"
+        "--http-port",
+        type=integer(-1, PORT_MAX),
+        default=HTTP_PORT,
+        help=f"gateway's OpenAI-compatible HTTP port (default {HTTP_PORT}; -1: off)",
     )
     parser.add_argument(
-        "--metrics-base-port", type=int, default=None,
+        "--metrics-base-port", type=integer(-1, PORT_MAX - 3), default=None,
         help="the gateway's /metrics port; the others follow it (default: base port + 10; -1: no metrics)",
     )  # fmt: skip
     parser.add_argument("--only", default="", help="comma-separated services to start (default: all installed)")
     parser.add_argument("--log-dir", default=None, help="where service logs go (default: a new temporary folder)")
-    parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for health checks")
-    parser.add_argument("--grace-period", type=float, default=10.0, help="seconds services get to finish on stop")
+    parser.add_argument(
+        "--startup-timeout", type=number(0.0, low_open=True), default=300.0, help="seconds to wait for health checks"
+    )
+    parser.add_argument("--grace-period", type=number(0.0), default=10.0, help="seconds services get to finish on stop")
     parser.set_defaults(run=run)
 
 
@@ -339,6 +340,9 @@ def plan(args, env: dict) -> tuple[list[Child], list[str]]:
 
 
 def run(args) -> int:
+    if args.list:
+        print("\n".join(describe(running_stacks())))
+        return 0
     unbuilt = unbuilt_default_text_model(args)
     if unbuilt:
         print(
@@ -360,18 +364,20 @@ def run(args) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     procs: list[subprocess.Popen] = []
+    state_path = None
     try:
         children, skipped = plan(args, env)
-        for note in skipped:
-            print(f"muestra up: skipping {note}", flush=True)
         if not children:
-            print("muestra up: nothing to start", file=sys.stderr)
+            reasons = "; ".join(f"skipping {note}" for note in skipped)
+            print(f"muestra up: nothing to start ({reasons})", file=sys.stderr)
             return 1
         if [c.name for c in children] == ["gateway"] and not args.only:
             raise CliError("nothing for the gateway to serve: no text or image model was found; see --models-dir")
         for child in children:
             for number, what in child.ports.items():
                 check_port_free(args.host, number, what)
+        for note in skipped:
+            print(f"muestra up: skipping {note}", flush=True)
         _make_secrets(env, log_dir)
         redis_proc, redis_note = _start_redis(args.host, log_dir, env)
         if redis_proc is not None:
@@ -401,9 +407,11 @@ def run(args) -> int:
                 "(MUESTRA_INTERNAL_TOKEN_FILE for `muestra tokenize --tokenizer`)",
                 flush=True,
             )
-        write_stack(
+        gateway_or_first = next((c for c in children if c.name == "gateway"), children[0])
+        state_path = write_stack(
             {
                 "pid": os.getpid(),
+                "base_port": args.base_port or int(gateway_or_first.address.rpartition(":")[2]),
                 "services": {c.name: c.address for c in children},
                 "http": next((http_url(args.host, c) for c in children if c.name == "gateway"), None),
                 "metrics": {c.name: c.metrics_url() for c in children if c.metrics_url()},
@@ -411,7 +419,7 @@ def run(args) -> int:
                 "internal_token_file": str(log_dir / "internal_token") if env.get("MUESTRA_INTERNAL_TOKEN") else "",
             }
         )
-        print(f"muestra up: the other muestra commands find this stack through {state_file()}", flush=True)
+        print(f"muestra up: the other muestra commands find this stack through {state_path}", flush=True)
         print(f"muestra up: all services healthy; logs in {log_dir}; Ctrl-C stops them", flush=True)
         while not stopping:
             for child in children:
@@ -428,8 +436,10 @@ def run(args) -> int:
         print(f"muestra up: {exc}", file=sys.stderr)
         return exc.exit_code
     finally:
-        remove_stack(os.getpid())
-        print("muestra up: stopping", flush=True)
-        # Services first (they may write to Redis while draining), Redis last.
-        _stop([p for p in reversed(procs)], args.grace_period)
-        print("muestra up: stopped", flush=True)
+        if state_path is not None:
+            remove_stack(state_path, os.getpid())
+        if procs:  # nothing started (a taken port, say): the error line is all there is to say
+            print("muestra up: stopping", flush=True)
+            # Services first (they may write to Redis while draining), Redis last.
+            _stop([p for p in reversed(procs)], args.grace_period)
+            print("muestra up: stopped", flush=True)

@@ -17,6 +17,7 @@ from muestra.lm.model import OnnxDecoder
 
 # What a row wants from each step: (OutputKind, top_n).
 OutputSpec = tuple[int, int]
+NO_IDS = np.zeros(0, dtype=np.int64)
 KV = ConcatKV | SharedKV
 
 
@@ -38,6 +39,10 @@ class Batch:
     lengths: np.ndarray
     kv: KV
     outputs: list[OutputSpec]
+    # Per row, the ids it never picks (PrefillRow.suppressed_token_ids; NO_IDS: none).
+    suppressed: list[np.ndarray] = dataclasses.field(default_factory=list)
+    # (the list it was built from, row index, id) of every suppressed logit, built on first use.
+    _suppressed_at: tuple | None = dataclasses.field(default=None, repr=False)
 
     @property
     def rows(self) -> int:
@@ -47,6 +52,21 @@ class Batch:
     def nbytes(self) -> int:
         return self.kv.nbytes
 
+    def suppress(self, logits: np.ndarray, unless: Sequence[bool] | None = None) -> None:
+        """Set every row's suppressed ids to -inf in its logits ([rows, vocab], changed in place); rows
+        where `unless` is true (a step's allowed-token mask decides for them) are left alone."""
+        if self._suppressed_at is None or self._suppressed_at[0] is not self.suppressed:
+            rows = np.repeat(np.arange(len(self.suppressed)), [ids.size for ids in self.suppressed])
+            cols = np.concatenate(self.suppressed) if self.suppressed else NO_IDS
+            self._suppressed_at = (self.suppressed, rows, cols)
+        _, rows, cols = self._suppressed_at
+        if not rows.size:
+            return
+        if unless is not None and any(unless):
+            kept = ~np.asarray(unless, dtype=bool)[rows]
+            rows, cols = rows[kept], cols[kept]
+        logits[rows, cols] = -np.inf
+
     @classmethod
     def from_prefill(
         cls,
@@ -55,8 +75,9 @@ class Batch:
         request_ids: Sequence[str],
         outputs: Sequence[OutputSpec],
         pasts: Sequence[list[np.ndarray] | None] | None = None,
+        suppressed: Sequence[np.ndarray] | None = None,
     ) -> tuple[Batch, np.ndarray, int]:
-        """Run the prompts and keep their KV; returns the batch, each row's last logits, forward µs.
+        """Run the prompts and keep their KV; returns the batch, each row's last logits (not suppressed), µs.
 
         `pasts[i]`, when given, is row i's KV of tokens before its prompt (one [kv_heads, p,
         head_dim] array per past input); such rows run alone and are then joined to the rest.
@@ -90,6 +111,7 @@ class Batch:
             inverse = np.argsort(order)
             batch, logits = batch.filter(decoder, inverse.tolist()), logits[inverse]
         batch.request_ids, batch.outputs = list(request_ids), list(outputs)
+        batch.suppressed = list(suppressed) if suppressed is not None else [NO_IDS] * len(prompts)
         return batch, logits, forward_us
 
     @classmethod
@@ -109,7 +131,8 @@ class Batch:
         kv = storage.from_rows(pasts, decoder.to_device, decoder.context_length, hold=int(lengths.max()))
         logits, kv, us = _forward(decoder, kv, ids, lengths)
         rows = len(prompts)
-        return cls(request_ids=[""] * rows, lengths=lengths, kv=kv, outputs=[(0, 0)] * rows), logits, us
+        batch = cls([""] * rows, lengths, kv, outputs=[(0, 0)] * rows, suppressed=[NO_IDS] * rows)
+        return batch, logits, us
 
     def step(self, decoder: OnnxDecoder, next_ids: np.ndarray) -> tuple[np.ndarray, int]:
         """Append next_ids ([rows], or [rows, tokens] for several per row) and run them; the batch now holds
@@ -147,6 +170,7 @@ class Batch:
             lengths=lengths,
             kv=self.kv.select(rows, lengths, decoder.to_device, decoder.context_length),
             outputs=[self.outputs[r] for r in rows],
+            suppressed=[self.suppressed[r] for r in rows],
         )
 
     @classmethod
@@ -161,4 +185,5 @@ class Batch:
             lengths=lengths,
             kv=kv,
             outputs=[o for b in batches for o in b.outputs],
+            suppressed=[ids for b in batches for ids in b.suppressed],
         )

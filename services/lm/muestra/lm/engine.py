@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from muestra.lm.batch import Batch, OutputSpec
+from muestra.lm.batch import NO_IDS, Batch, OutputSpec
 from muestra.lm.model import OnnxDecoder
 from muestra.runtime.errors import InvalidArgument, ResourceExhausted, check_limit
 from muestra.v1 import lm_pb2
@@ -35,6 +35,8 @@ class PrefillInput:
     allowed: bytes = b""
     # KV of tokens before input_ids (one [kv_heads, p, head_dim] array per past input), or None.
     past: list[np.ndarray] | None = None
+    # Ids the row never picks, for its whole life (int64, ascending; NO_IDS: none).
+    suppressed: np.ndarray = dataclasses.field(default_factory=lambda: NO_IDS)
 
 
 @dataclasses.dataclass
@@ -113,6 +115,13 @@ class Engine:
             raise InvalidArgument(field, "allows no token")
         return allowed
 
+    def check_suppressed(self, field: str, ids) -> np.ndarray:
+        """A row's suppressed ids: valid ids, at most one per vocabulary entry; sorted, without repeats."""
+        ids = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        check_limit(field, ids.size, 0, self.info.vocab_size)
+        self.check_ids(field, ids)
+        return np.unique(ids) if ids.size else NO_IDS
+
     def check_ids(self, field: str, ids: np.ndarray) -> None:
         if ids.size and int(ids.max()) >= self.info.vocab_size:
             bad = int(np.argmax(ids >= self.info.vocab_size))
@@ -189,8 +198,10 @@ class Engine:
             [r.request_id for r in rows],
             [r.output for r in rows],
             [r.past for r in rows],
+            [r.suppressed for r in rows],
         )
         allowed = [r.allowed for r in rows]
+        batch.suppress(logits, [bool(a) for a in allowed])
         return StepResult(self._store(batch, lease), logits, batch.outputs, forward_us, allowed)
 
     def decode(
@@ -266,6 +277,7 @@ class Engine:
         else:
             # step() changes the batch only once its forward has succeeded.
             logits, forward_us = batch.step(self.decoder, next_ids)
+            batch.suppress(logits, None if allowed is None else [bool(a) for a in allowed])
             greedy_ids = None
         batch.outputs = specs
         stored = self._store(batch, lease, [item.batch_id for item in items])
@@ -288,6 +300,7 @@ class Engine:
                         self._drop(item.batch_id)
                 raise
             forward_us += us
+            batch.suppress(logits)  # greedy steps take no allowed-token masks
             next_ids = logits.argmax(axis=-1)
             taken.append(next_ids)
             if stops.size:

@@ -124,6 +124,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 input_ids=_ids(row.input_ids),
                 output=self.engine.check_output(f"rows[{i}].output", row.output.kind, row.output.top_n),
                 allowed=self.engine.check_allowed(f"rows[{i}].output.allowed_tokens", row.output.allowed_tokens),
+                suppressed=self.engine.check_suppressed(f"rows[{i}].suppressed_token_ids", row.suppressed_token_ids),
             )
             for i, row in enumerate(request.rows)
         ]

@@ -127,6 +127,15 @@ async def _call_at_startup(what: str, setting: str, deadline: float, channel: gr
         raise BackendError(f"{what} {problem}, or change {setting}") from None
 
 
+def _model(models: dict, name: str, default: str, kind: str):
+    """The model served as `name` ("" for `default`), or NotFound naming the known ones."""
+    model = models.get(name or default)
+    if model is None:
+        known = ", ".join(sorted(models)) or "none"
+        raise NotFound(f"model: unknown {kind} model {name!r}; known: {known}")
+    return model
+
+
 class ModelRegistry:
     def __init__(self) -> None:
         self.text: dict[str, TextModel] = {}
@@ -245,18 +254,10 @@ class ModelRegistry:
             log.info("image model %s at %s", model.name, spec["diffusion"])
 
     def text_model(self, name: str) -> TextModel:
-        model = self.text.get(name or self.default_text)
-        if model is None:
-            known = ", ".join(sorted(self.text)) or "none"
-            raise NotFound(f"model: unknown text model {name!r}; known: {known}")
-        return model
+        return _model(self.text, name, self.default_text, "text")
 
     def image_model(self, name: str) -> ImageModel:
-        model = self.image.get(name or self.default_image)
-        if model is None:
-            known = ", ".join(sorted(self.image)) or "none"
-            raise NotFound(f"model: unknown image model {name!r}; known: {known}")
-        return model
+        return _model(self.image, name, self.default_image, "image")
 
     async def close(self) -> None:
         if self._redis is not None:

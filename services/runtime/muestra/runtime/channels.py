@@ -23,36 +23,30 @@ def _with_metadata(details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.
     return details._replace(metadata=grpc.aio.Metadata(*pairs)) if added else details
 
 
-class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+class _AddMetadata:
+    """Sends the request id and the internal token with every call of its kind."""
+
     def __init__(self, token: str) -> None:
         self.token = token
 
-    async def intercept_unary_unary(self, continuation, details, request):
-        return await continuation(_with_metadata(details, self.token), request)
+    async def _intercept(self, continuation, details, request_or_iterator):
+        return await continuation(_with_metadata(details, self.token), request_or_iterator)
 
 
-class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, token: str) -> None:
-        self.token = token
-
-    async def intercept_unary_stream(self, continuation, details, request):
-        return await continuation(_with_metadata(details, self.token), request)
+class _UnaryUnary(_AddMetadata, grpc.aio.UnaryUnaryClientInterceptor):
+    intercept_unary_unary = _AddMetadata._intercept
 
 
-class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
-    def __init__(self, token: str) -> None:
-        self.token = token
-
-    async def intercept_stream_unary(self, continuation, details, request_iterator):
-        return await continuation(_with_metadata(details, self.token), request_iterator)
+class _UnaryStream(_AddMetadata, grpc.aio.UnaryStreamClientInterceptor):
+    intercept_unary_stream = _AddMetadata._intercept
 
 
-class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, token: str) -> None:
-        self.token = token
+class _StreamUnary(_AddMetadata, grpc.aio.StreamUnaryClientInterceptor):
+    intercept_stream_unary = _AddMetadata._intercept
 
-    async def intercept_stream_stream(self, continuation, details, request_iterator):
-        return await continuation(_with_metadata(details, self.token), request_iterator)
+
+class _StreamStream(_AddMetadata, grpc.aio.StreamStreamClientInterceptor):
+    intercept_stream_stream = _AddMetadata._intercept
 
 
 def metadata_interceptors(token: str = "") -> list:

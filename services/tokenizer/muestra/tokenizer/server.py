@@ -63,12 +63,15 @@ def _check_text(field: str, text: str, max_bytes: int) -> None:
         raise InvalidArgument(field, f"is {len(text.encode('utf-8'))} UTF-8 bytes, over the limit of {max_bytes}")
 
 
-def _check_ids(field: str, ids, vocab_size: int, max_ids: int) -> None:
+def _checked_ids(field: str, ids, vocab_size: int, max_ids: int) -> list[int]:
+    """The ids as a list, once they are within the length limit and the vocabulary."""
+    ids = list(ids)
     if len(ids) > max_ids:
         raise InvalidArgument(field, f"has {len(ids)} ids, over the limit of {max_ids}")
     if ids and max(ids) >= vocab_size:
         index, bad = next((i, t) for i, t in enumerate(ids) if t >= vocab_size)
         raise InvalidArgument(f"{field}[{index}]", f"id {bad} is outside the vocabulary (vocab_size {vocab_size})")
+    return ids
 
 
 def _check_reply_size(reply, limit: int):
@@ -155,11 +158,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         _check_count("sequences", len(sequences), self.limits.max_batch_size)
 
         def work() -> tokenizer_pb2.DecodeTokensResponse:
-            id_lists = []
-            for i, seq in enumerate(sequences):
-                ids = list(seq.ids)
-                _check_ids(f"sequences[{i}].ids", ids, t.backend.vocab_size, self.limits.max_sequence_ids)
-                id_lists.append(ids)
+            id_lists = [
+                _checked_ids(f"sequences[{i}].ids", seq.ids, t.backend.vocab_size, self.limits.max_sequence_ids)
+                for i, seq in enumerate(sequences)
+            ]
             texts = t.backend.decode_batch(id_lists, request.skip_special_tokens)
             return _check_reply_size(tokenizer_pb2.DecodeTokensResponse(texts=texts), self.limits.max_reply_bytes)
 
@@ -210,8 +212,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         def work() -> tokenizer_pb2.DetokenizeStepResponse:
             windows = []
             for i, stream in enumerate(streams):
-                ids = list(stream.ids)
-                _check_ids(f"streams[{i}].ids", ids, t.backend.vocab_size, self.limits.max_sequence_ids)
+                ids = _checked_ids(f"streams[{i}].ids", stream.ids, t.backend.vocab_size, self.limits.max_sequence_ids)
                 if stream.read_offset > len(ids):
                     raise InvalidArgument(
                         f"streams[{i}].read_offset", f"is {stream.read_offset}, past the window's {len(ids)} ids"

@@ -20,17 +20,10 @@ from muestra.diffusion.loras import LoadedAdapters
 from muestra.diffusion.metrics import DENOISE_STEPS
 from muestra.diffusion.model_folder import pipeline_class_name
 from muestra.diffusion.params import GenerationParams
-from muestra.diffusion.preview import SDXL_BIAS, SDXL_FACTORS, LatentPreview
+from muestra.diffusion.preview import preview_for
 
 log = logging.getLogger("muestra.diffusion.engine")
 
-# model_index.json's _class_name -> how its latents preview.
-PREVIEWS = {
-    "StableDiffusionPipeline": LatentPreview(),
-    "StableDiffusionXLPipeline": LatentPreview(SDXL_FACTORS, SDXL_BIAS),
-    "StableDiffusionInpaintPipeline": LatentPreview(),
-    "StableDiffusionXLInpaintPipeline": LatentPreview(SDXL_FACTORS, SDXL_BIAS),
-}
 TASKS = ("txt2img", "img2img", "inpaint")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -80,7 +73,7 @@ class DiffusionEngine:
         self.dtype: torch.dtype = pipe.unet.dtype
         self.pipeline_class = type(pipe).__name__
         self.unet_parameters = sum(p.numel() for p in pipe.unet.parameters())
-        self.preview = PREVIEWS[self.pipeline_class]
+        self.preview = preview_for(pipe.vae)  # the published factors of SD's VAEs, else fitted to this one
         # Every request builds a fresh scheduler from the model's own config; keep a pristine copy of it.
         self.base_scheduler = pipe.scheduler
         self.base_scheduler_config = dict(pipe.scheduler.config)

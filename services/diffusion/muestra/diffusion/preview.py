@@ -1,7 +1,8 @@
-"""Cheap previews: latents to RGB by a fixed linear projection, no VAE.
+"""Cheap previews: latents to RGB by a linear projection, no VAE decode.
 
-The factors are the well-known least-squares fits of the VAE's output colours to its latents
-(as used by A1111's "Approx cheap" preview and ComfyUI's latent formats).
+Stable Diffusion 1.x/2.x and SDXL VAEs use the well-known least-squares factors (A1111's "Approx cheap"
+preview, ComfyUI's latent formats). Those belong to those VAEs: any other VAE (models/muestra-image's
+own, the tests' random ones) gets factors fitted to it at load by `fit_preview`, in the same way.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import io
 
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 SD1_FACTORS = (
@@ -24,22 +26,79 @@ SDXL_FACTORS = (
     (-0.3165, -0.2492, -0.2188),
 )
 SDXL_BIAS = (0.1084, -0.0175, -0.0011)
+# The scaling_factor in a VAE's config names the published VAE the factors above were fitted to.
+KNOWN_VAES = {0.18215: (SD1_FACTORS, (0.0, 0.0, 0.0)), 0.13025: (SDXL_FACTORS, SDXL_BIAS)}
 
 
 class LatentPreview:
-    """Turns a [1, 4, h, w] latent into a small PNG (h x w pixels)."""
+    """Turns a [1, C, h, w] latent into a small PNG (h x w pixels): rgb = latent . factors + bias."""
 
     def __init__(self, factors=SD1_FACTORS, bias=(0.0, 0.0, 0.0)) -> None:
-        self.factors = torch.tensor(factors, dtype=torch.float32)
-        self.bias = torch.tensor(bias, dtype=torch.float32)
+        self.factors = torch.as_tensor(factors, dtype=torch.float32)
+        self.bias = torch.as_tensor(bias, dtype=torch.float32)
 
     def supports(self, latents: torch.Tensor) -> bool:
         return latents.ndim == 4 and latents.shape[1] == self.factors.shape[0]
 
-    def png(self, latents: torch.Tensor) -> bytes:
+    def rgb(self, latents: torch.Tensor) -> torch.Tensor:
+        """[h, w, 3] in about [-1, 1], as the VAE would decode the first latent (roughly)."""
         latent = latents[0].detach().to("cpu", torch.float32)
-        rgb = torch.einsum("chw,cr->hwr", latent, self.factors) + self.bias
-        pixels = ((rgb + 1.0) * 127.5).clamp(0, 255).round().to(torch.uint8).numpy()
+        return torch.einsum("chw,cr->hwr", latent, self.factors) + self.bias
+
+    def png(self, latents: torch.Tensor) -> bytes:
+        pixels = ((self.rgb(latents) + 1.0) * 127.5).clamp(0, 255).round().to(torch.uint8).numpy()
         buffer = io.BytesIO()
         Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
         return buffer.getvalue()
+
+
+def least_squares_factors(latents: torch.Tensor, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors [C, 3] and bias [3] that best map latents [N, C, h, w] to images [N, 3, H, W] in [-1, 1]."""
+    pooled = F.adaptive_avg_pool2d(images.float(), latents.shape[-2:])  # each latent pixel's patch of the image
+    x = latents.float().permute(0, 2, 3, 1).reshape(-1, latents.shape[1])
+    y = pooled.permute(0, 2, 3, 1).reshape(-1, 3)
+    solution = torch.linalg.lstsq(torch.cat([x, torch.ones(len(x), 1)], dim=1), y).solution
+    return solution[:-1], solution[-1]
+
+
+def probe_images(count: int = 16, size: int = 64, seed: int = 0) -> torch.Tensor:
+    """[count, 3, size, size] in [-1, 1]: smooth colour fields, each with a bright and a dark disc."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(count, 3, 4, 4, generator=generator) * 2 - 1
+    images = F.interpolate(coarse, size=(size, size), mode="bicubic", align_corners=False)
+    grid = torch.linspace(0, 1, size)
+    y, x = torch.meshgrid(grid, grid, indexing="ij")
+    for image in images:
+        for colour in (torch.rand(3, generator=generator), -torch.rand(3, generator=generator)):
+            cx, cy, r = (torch.rand(3, generator=generator) * torch.tensor([1.0, 1.0, 0.3]) + 0.1).tolist()
+            disc = (x - cx) ** 2 + (y - cy) ** 2 < r**2
+            image[:, disc] = colour[:, None]
+    return images.clamp(-1, 1)
+
+
+@torch.no_grad()
+def fit_preview(vae) -> LatentPreview:
+    """Factors fitted to this VAE: probe images encoded, decoded, and the decoded pixels regressed on the latents.
+
+    The latents are scaled as the UNet sees them (times scaling_factor), so the factors apply to the
+    denoising loop's latents directly. A few 64x64 images: milliseconds for a small VAE.
+    """
+    scale = vae.config.scaling_factor
+    parameter = next(vae.parameters())
+    images = probe_images().to(parameter.device, torch.float32)
+    latents, decoded = [], []
+    for chunk in images.split(4):
+        dtype = parameter.dtype
+        mean = vae.encode(chunk.to(dtype)).latent_dist.mean
+        latents.append((mean * scale).float().cpu())
+        decoded.append(vae.decode(mean).sample.float().clamp(-1, 1).cpu())
+    factors, bias = least_squares_factors(torch.cat(latents), torch.cat(decoded))
+    return LatentPreview(factors, bias)
+
+
+def preview_for(vae) -> LatentPreview:
+    """The published factors for a VAE they were fitted to, else factors fitted to `vae` now."""
+    known = KNOWN_VAES.get(round(float(vae.config.scaling_factor), 5))
+    if known is not None and vae.config.latent_channels == 4:
+        return LatentPreview(*known)
+    return fit_preview(vae)

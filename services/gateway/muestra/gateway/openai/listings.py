@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 
 from muestra.gateway.openai.errors import OpenAIError
 from muestra.gateway.openai.state import Servicer
+from muestra.gateway.sampling import default_specs
 from muestra.v1 import diffusion_pb2, gateway_pb2
 
 log = logging.getLogger("muestra.gateway.openai")
@@ -57,6 +58,8 @@ async def _model_cards(servicer, created: int) -> list[dict]:
         card = {"id": m.name, "object": "model", "created": created, "owned_by": "muestra", "kind": m.kind}
         if m.kind == "text":
             card.update(max_model_len=m.context_length, vocab_size=m.vocab_size, replicas=m.replicas)
+            # The chain a request without `samplers` gets, from the model's generation_config.json (the playground's).
+            card["default_samplers"] = default_specs(servicer.registry.text[m.name].generation_config)
         cards.append(card)
     return cards
 
@@ -79,6 +82,7 @@ async def retrieve_model(model: str, http: Request, servicer: Servicer) -> dict:
 @router.get("/samplers")
 async def samplers(servicer: Servicer) -> dict:
     listing = await servicer.ListSamplers(gateway_pb2.ListSamplersRequest(), None)
+    kinds = {entry.name: entry.kind for entry in servicer.samplers.list()}  # where a chain may place each
     return {
         "object": "list",
         "data": [
@@ -90,6 +94,7 @@ async def samplers(servicer: Servicer) -> dict:
                 "description": s.description,
                 "parameters": json.loads(s.parameter_schema or "{}"),
                 "argmax_invariant": s.argmax_invariant,
+                "kind": kinds.get(s.name, ""),
             }
             for s in listing.samplers
         ],

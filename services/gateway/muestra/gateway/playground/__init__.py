@@ -1,7 +1,8 @@
 """The web playground: static files shipped in this package, served at / on the gateway's HTTP port.
 
 The page talks to the gateway only through the public HTTP API (/v1/...), so everything it does can be
-done with curl. Its own files are the only thing served without an API key.
+done with curl. Its own files are the only thing served without an API key. POST /tokenize (vLLM's route
+and shape, behind the key) is here for the chat, which counts its history's tokens to fit the context.
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ from importlib import resources
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict
+
+from muestra.gateway.openai.errors import from_muestra
+from muestra.gateway.openai.state import Servicer
+from muestra.runtime.errors import MuestraError
+from muestra.v1 import common_pb2, gateway_pb2
 
 STATIC = resources.files(__package__) / "static"
 PREFIX = "/ui/"
@@ -70,3 +77,35 @@ async def index(request: Request) -> Response:
 @router.get(PREFIX + "{name}")
 async def static_file(name: str, request: Request) -> Response:
     return _serve(name, request)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str
+    content: str
+
+
+class TokenizeBody(BaseModel):
+    """vLLM's /tokenize: a prompt, or messages rendered with the chat template as a chat completion's are."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = ""
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool = True
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeBody, servicer: Servicer) -> dict:
+    request = gateway_pb2.TokenizeRequest(model=body.model)
+    if body.messages is not None:
+        chat = [common_pb2.ChatMessage(role=m.role, content=m.content) for m in body.messages]
+        request.messages.CopyFrom(common_pb2.ChatMessages(messages=chat))
+    elif body.prompt is not None:
+        request.prompt = body.prompt
+        request.add_special_tokens = body.add_special_tokens
+    try:
+        reply = await servicer.Tokenize(request, None)
+    except MuestraError as exc:
+        raise from_muestra(exc) from None
+    return {"count": len(reply.ids), "max_model_len": reply.context_length, "tokens": list(reply.ids)}

@@ -78,6 +78,10 @@ export async function getJSON(path, signal) {
   return (await send(path, { signal })).json();
 }
 
+export async function postJSON(path, body) {
+  return (await send(path, { method: "POST", body: JSON.stringify(body) })).json();
+}
+
 // POST a streaming request and call onEvent(json) for each server-sent event, in order.
 // Resolves when the stream ends; rejects with ApiError for an HTTP error or an error event.
 export async function postStream(path, body, onEvent, signal) {
@@ -122,4 +126,16 @@ export function describe(error) {
 // A seed the user can read back: 32 bits from the browser's generator.
 export function randomSeed() {
   return crypto.getRandomValues(new Uint32Array(1))[0];
+}
+
+// The seed for the next request: the one typed in `field`; else a fresh random one, written into the field so
+// that it can be read back. A seed drawn so is drawn again next time, unless `same` ("Same seed every time").
+export function nextSeed(field, same) {
+  const value = field.value.trim();
+  const typed = value !== "" && value !== field.dataset.drawn;
+  if (!typed && !(same && value !== "")) {
+    field.value = String(randomSeed());
+    field.dataset.drawn = field.value;
+  }
+  return Number(field.value);
 }

@@ -2,7 +2,7 @@
 
 import { describe, forgetApiKey, getJSON, onKeyNeeded, setApiKey } from "./api.js";
 import { initImages, setSchedulers } from "./images.js";
-import { initChainEditor, setSamplers } from "./samplers.js";
+import { initChainEditor, setModelChain, setSamplers } from "./samplers.js";
 import { showStatus } from "./status.js";
 import { initText, refreshEquivalent } from "./text.js";
 import { clearError, element, showError } from "./ui.js";
@@ -54,6 +54,12 @@ function fill(selectId, names) {
 }
 
 let keyRefused = false;
+let textCards = new Map(); // text model id -> its /v1/models card
+
+function showModelChain() {
+  const card = textCards.get($("text-model").value);
+  setModelChain(card ? card.default_samplers : []);
+}
 
 function askForKey(message) {
   keyRefused = true;
@@ -72,10 +78,12 @@ async function load() {
   if (keyRefused) return;
   if (models.status === "fulfilled") {
     const cards = models.value.data;
-    fill("text-model", cards.filter((m) => m.kind === "text").map((m) => m.id));
+    textCards = new Map(cards.filter((m) => m.kind === "text").map((m) => [m.id, m]));
+    fill("text-model", [...textCards.keys()]);
     fill("image-model", cards.filter((m) => m.kind === "image").map((m) => m.id));
   }
   if (samplers.status === "fulfilled") setSamplers(samplers.value.data);
+  showModelChain();
   if (schedulers.status === "fulfilled") setSchedulers(schedulers.value.data);
   const failed = [models, samplers, schedulers].filter((r) => r.status === "rejected");
   if (failed.length) showError(`The gateway did not give what the page needs: ${describe(failed[0].reason)}`);
@@ -104,6 +112,7 @@ function initKey() {
     load();
   });
   $("alert-close").addEventListener("click", clearError);
+  $("text-model").addEventListener("change", showModelChain);
 }
 
 initTabs();

@@ -1,7 +1,7 @@
 // Images: the form, the live previews the diffusion service streams, and a gallery whose parameters
 // (the PNG's A1111-style text) load back into the form.
 
-import { describe, postStream, randomSeed } from "./api.js";
+import { describe, nextSeed, postStream } from "./api.js";
 import { clearError, element, showError } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
@@ -13,15 +13,14 @@ function number(id) {
 }
 
 export function imageBody() {
-  const field = $("image-seed");
-  if (!$("image-same-seed").checked || field.value.trim() === "") field.value = String(randomSeed());
+  const seed = nextSeed($("image-seed"), $("image-same-seed").checked);
   const body = {
     model: $("image-model").value || "",
     prompt: $("image-prompt").value,
     n: number("image-n") ?? 1,
     response_format: "b64_json",
     stream: true,
-    seed: Number(field.value),
+    seed,
   };
   const negative = $("image-negative").value;
   if (negative) body.negative_prompt = negative;
@@ -92,7 +91,8 @@ function loadParameters(text) {
   $("image-prompt").focus();
 }
 
-function addToGallery(event) {
+// A batch's images in order (image 1 first), the newest batch above the older ones.
+function addToGallery(event, after) {
   const url = `data:image/png;base64,${event.b64_json}`;
   const figure = element("figure");
   const img = element("img");
@@ -111,8 +111,10 @@ function addToGallery(event) {
   buttons.append(load, save);
   caption.append(text, buttons);
   figure.append(img, caption);
-  $("gallery").prepend(figure);
+  if (after) after.after(figure);
+  else $("gallery").prepend(figure);
   $("gallery-empty").hidden = true;
+  return figure;
 }
 
 function progress(event, images) {
@@ -140,6 +142,7 @@ async function generate(event) {
   $("image-progress-label").textContent = "Waiting for the diffusion service…";
   const preview = $("image-preview");
   let done = 0;
+  let last = null; // this batch's latest figure in the gallery
   try {
     await postStream(
       "/v1/images/generations",
@@ -153,7 +156,7 @@ async function generate(event) {
           progress(e, body.n);
         } else if (e.type === "image_generation.completed") {
           done += 1;
-          addToGallery(e);
+          last = addToGallery(e, last);
         }
       },
       controller.signal,

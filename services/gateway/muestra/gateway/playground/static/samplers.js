@@ -8,6 +8,8 @@ let known = new Map(); // name -> sampler listing
 let steps = []; // [{id, name, li}]
 let nextId = 1;
 let changed = () => {};
+let modelChain = []; // the text model's default chain, from its /v1/models card (default_samplers)
+let edited = false; // whether the user changed the chain since it was the model's
 
 export function onChainChange(listener) {
   changed = listener;
@@ -20,28 +22,50 @@ export function setSamplers(listing) {
     ...listing.map((s) => {
       const option = document.createElement("option");
       option.value = s.name;
-      option.textContent = s.plugin && s.plugin !== "builtin" ? `${s.name} (${s.plugin})` : s.name;
+      option.textContent = s.name; // where it comes from is in the line below the list
       return option;
     }),
   );
   describeChoice();
-  if (!steps.length) {
-    for (const [name, params] of [["temperature", { temperature: 0.8 }], ["top_p", { top_p: 0.95 }], ["sample", {}]]) {
-      if (known.has(name)) addStep(name, params);
-    }
-  } else {
-    render();
-  }
+  render();
 }
+
+// The text model's own chain (its generation_config.json, as the API lists it); shown unless the user changed it.
+export function setModelChain(specs, force = false) {
+  modelChain = specs || [];
+  if (edited && !force) return;
+  edited = false;
+  steps = modelChain.map((spec) => ({ id: nextId++, name: spec.name, values: { ...(spec.params || {}) } }));
+  render();
+}
+
+const KINDS = { processor: "changes the scores", selector: "picks the token", search: "searches for the tokens" };
 
 function describeChoice() {
   const s = known.get($("chain-add-name").value);
-  $("chain-about").textContent = s ? `${s.name}: ${s.description || "no description"}` : "";
+  if (!s) {
+    $("chain-about").textContent = "";
+    return;
+  }
+  const about = [KINDS[s.kind], s.distribution && `from ${s.distribution}`].filter(Boolean).join(", ");
+  $("chain-about").textContent = `${s.name}${about ? ` (${about})` : ""}: ${s.description || "no description"}`;
 }
 
+function picksToken(name) {
+  const s = known.get(name);
+  return Boolean(s && s.kind && s.kind !== "processor");
+}
+
+// A processor goes before the step that picks the token; a new selector or search takes that step's place.
 function addStep(name, values = {}) {
-  steps.push({ id: nextId++, name, values });
+  const step = { id: nextId++, name, values };
+  const last = steps.findLastIndex((s) => picksToken(s.name));
+  if (last < 0) steps.push(step);
+  else if (picksToken(name)) steps.splice(last, 1, step);
+  else steps.splice(last, 0, step);
+  edited = true;
   render();
+  return step;
 }
 
 function move(index, by) {
@@ -49,11 +73,13 @@ function move(index, by) {
   if (to < 0 || to >= steps.length) return;
   const [step] = steps.splice(index, 1);
   steps.splice(to, 0, step);
+  edited = true;
   render(step.id, by < 0 ? "up" : "down");
 }
 
 function remove(index) {
   steps.splice(index, 1);
+  edited = true;
   render();
 }
 
@@ -142,7 +168,10 @@ function field(step, name, schema) {
     label.append(hint);
     input.setAttribute("aria-describedby", hint.id);
   }
-  input.addEventListener("input", () => changed());
+  input.addEventListener("input", () => {
+    edited = true;
+    changed();
+  });
   input.addEventListener("change", () => changed());
   wrap.append(label);
   if (input.type !== "checkbox") wrap.append(input);
@@ -160,6 +189,7 @@ function render(focusId, direction) {
     const li = document.createElement("li");
     li.className = "step";
     li.dataset.name = step.name;
+    li.dataset.id = String(step.id);
     const head = document.createElement("div");
     head.className = "step-head";
     const title = document.createElement("strong");
@@ -215,6 +245,7 @@ function render(focusId, direction) {
       const [moved] = steps.splice(dragged, 1);
       steps.splice(index, 0, moved);
       dragged = null;
+      edited = true;
       render();
     });
     list.append(li);
@@ -262,11 +293,12 @@ export function initChainEditor() {
   $("chain-add").addEventListener("click", () => {
     const name = $("chain-add-name").value;
     if (!name) return;
-    addStep(name);
-    const added = $("chain-steps").lastElementChild;
+    const step = addStep(name);
+    const added = [...$("chain-steps").children].find((li) => li.dataset.id === String(step.id));
     const first = added && added.querySelector("input, select, textarea, button");
     if (first) first.focus();
   });
+  $("chain-reset").addEventListener("click", () => setModelChain(modelChain, true));
 }
 
 // ---------------------------------------------------------------------------------------------

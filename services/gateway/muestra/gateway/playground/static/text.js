@@ -1,18 +1,48 @@
 // Chat and raw completion: requests built from the settings, tokens streamed into the page as they come.
 
-import { describe, postStream, randomSeed } from "./api.js";
+import { describe, nextSeed, postJSON, postStream } from "./api.js";
 import { chain, onChainChange, snippets } from "./samplers.js";
-import { clearError, showError } from "./ui.js";
+import { clearError, element, showError } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
 const history = []; // chat messages sent so far: {role, content}
+let dropped = 0; // how many of the oldest messages in `history` requests leave out, to fit the context
 let running = null; // {controller, view}
 let eqKind = "curl";
 
 function seed() {
-  const field = $("text-seed");
-  if (!$("text-same-seed").checked || field.value.trim() === "") field.value = String(randomSeed());
-  return Number(field.value);
+  return nextSeed($("text-seed"), $("text-same-seed").checked);
+}
+
+function chatMessages() {
+  const system = $("chat-system").value.trim();
+  return [...(system ? [{ role: "system", content: system }] : []), ...history.slice(dropped)];
+}
+
+// Leave out the oldest turns until the conversation plus max_tokens fits the model's context, counted by the
+// gateway's tokenizer (POST /tokenize). The system prompt and the last message stay. Returns a note, or "".
+async function fitContext() {
+  const before = dropped;
+  let counted;
+  let max;
+  try {
+    for (;;) {
+      counted = await postJSON("/tokenize", { model: $("text-model").value || "", messages: chatMessages() });
+      // Without max_tokens the answer may run to the end of the context: keep a quarter of it free.
+      max = Number($("max-tokens").value) || Math.floor(counted.max_model_len / 4);
+      const left = history.length - dropped;
+      if (counted.count + max <= counted.max_model_len || left <= 1) break;
+      dropped += Math.min(2, left - 1);
+    }
+  } catch {
+    return ""; // the request itself says what is wrong
+  }
+  if (dropped === before) return "";
+  return (
+    `The oldest ${dropped} message${dropped === 1 ? "" : "s"} no longer fit the model's ` +
+    `${counted.max_model_len}-token context with ${max} tokens to answer: the model sees the last ` +
+    `${history.length - dropped}${$("chat-system").value.trim() ? " and the system prompt" : ""}.`
+  );
 }
 
 // The body of the request the current settings make (seed: the one to use; none for the preview).
@@ -20,8 +50,7 @@ export function textBody(view, seedValue) {
   const chat = view === "chat";
   const body = { model: $("text-model").value || "" };
   if (chat) {
-    const system = $("chat-system").value.trim();
-    body.messages = [...(system ? [{ role: "system", content: system }] : []), ...history];
+    body.messages = chatMessages();
     const pending = $("chat-input").value;
     if (seedValue === undefined && pending.trim()) body.messages = [...body.messages, { role: "user", content: pending }];
   } else {
@@ -193,6 +222,8 @@ function messageElement(role) {
 }
 
 async function chatTurn() {
+  const note = await fitContext();
+  if (note) $("chat-log").append(element("p", note, "note"));
   const body = textBody("chat", seed());
   const el = messageElement("assistant");
   const result = await run("chat", body, el.querySelector(".text"), el.querySelector(".stats"));
@@ -227,7 +258,7 @@ async function regenerateChat() {
   if (running || !history.length) return;
   const log = $("chat-log");
   // Drop the last answer (and a failed one after it), then ask again for the same conversation.
-  while (log.lastElementChild && log.lastElementChild.classList.contains("assistant")) log.lastElementChild.remove();
+  while (log.lastElementChild && !log.lastElementChild.classList.contains("user")) log.lastElementChild.remove();
   if (history[history.length - 1].role === "assistant") history.pop();
   await chatTurn();
 }
@@ -269,6 +300,7 @@ export function initText() {
   $("chat-clear").addEventListener("click", () => {
     stop();
     history.length = 0;
+    dropped = 0;
     $("chat-log").replaceChildren();
     $("chat-regenerate").disabled = true;
     refreshEquivalent();

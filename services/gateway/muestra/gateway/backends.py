@@ -8,6 +8,7 @@ import ipaddress
 import json
 import logging
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -70,8 +71,19 @@ class TextModel:
     # Ids the tokenizer knows; a model's embedding table is often padded past it. Ids beyond it
     # decode to no text (as transformers' tokenizers decode them).
     tokenizer_vocab_size: int = 0
+    # Ids no request picks unless it allows special tokens: the tokenizer's special ids and those past its
+    # vocabulary, less EOS (special_token_ids()).
+    special_token_ids: tuple[int, ...] = ()
     # Finds a prompt's cached prefix (None: the prefix cache is off).
     prefix_cache: PrefixLookup | None = None
+
+
+def special_token_ids(model: TextModel, tokenizer_special: Sequence[int]) -> tuple[int, ...]:
+    """The ids that are special but do not end text: the tokenizer's special ids and the model's ids past the
+    tokenizer's vocabulary (padding rows of its embedding table), less the model's EOS ids."""
+    padding = range(model.tokenizer_vocab_size, model.vocab_size)
+    ends = set(model.eos_token_ids)
+    return tuple(sorted(i for i in {*tokenizer_special, *padding} if i < model.vocab_size and i not in ends))
 
 
 @dataclasses.dataclass
@@ -198,6 +210,7 @@ class ModelRegistry:
                 tokenizer_vocab_size=tok_info.vocab_size,
                 targets=tuple(spec["lm"]),
             )
+            model.special_token_ids = special_token_ids(model, tok_info.special_token_ids)
             for replica in replicas[1:]:
                 other = await _call_at_startup(
                     f"the lm service at {replica.address}", lm_setting, deadline,

@@ -56,6 +56,16 @@ def sampler_specs(request: gateway_pb2.GenerateRequest) -> list[dict]:
 DEADLINE_SLACK_S = 0.5
 
 
+def suppressed_token_ids(model, request: gateway_pb2.GenerateRequest, constraint) -> tuple[int, ...]:
+    """The ids the request's rows never pick: the model's special ids, unless it allows them or a constraint's
+    grammar decides (llguidance leaves special tokens out unless the grammar names them); its stop ids end
+    text, so they stay."""
+    if request.allow_special_tokens or constraint is not None:
+        return ()
+    stops = set(request.stop_token_ids)
+    return tuple(i for i in model.special_token_ids if i not in stops)
+
+
 async def _next_item(generation: GenerationRequest, scheduler: Router):
     if generation.deadline is None:
         return await generation.out.get()
@@ -264,6 +274,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             model_name=model.name,
             prefix_cache=not request.disable_prefix_cache,
             constraint=constraint,
+            suppressed_token_ids=suppressed_token_ids(model, request, constraint),
         )
         return generation, self.routers[model.name]
 

@@ -33,6 +33,7 @@ class GenerationRequest:
     deadline: float | None = None  # time.monotonic() after which the request is cancelled
     prefix_cache: bool = True  # False: GenerateRequest.disable_prefix_cache
     constraint: object = None  # a CompiledConstraint (muestra.gateway.constraints), or None
+    suppressed_token_ids: tuple[int, ...] = ()  # never picked (special tokens; GenerateRequest.allow_special_tokens)
     # Filled in by the gateway and the scheduler.
     arrival: float = dataclasses.field(default_factory=time.monotonic)
     admitted: float | None = None

@@ -248,6 +248,7 @@ class ReplicaScheduler:
             input_ids=request.prompt_ids,
             output=lm_pb2.OutputSpec(kind=kind, allowed_tokens=allowed_tokens(rows[0])),
             prefix=prefix,
+            suppressed_token_ids=request.suppressed_token_ids,
         )
         timeout_s = self.lm.timeout_s
         if request.deadline is not None and request.deadline - time.monotonic() < timeout_s:

@@ -79,6 +79,7 @@ def _base_request(body, max_tokens: int, logprobs: bool, top_logprobs: int) -> g
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         ignore_eos=body.ignore_eos,
+        allow_special_tokens=body.allow_special_tokens,
         include_stop_str_in_output=body.include_stop_str_in_output,
     )
     if body.seed is not None:
@@ -119,7 +120,7 @@ def _given_constraints(body) -> list[tuple[str, str, dict, dict[str, str]]]:
         elif fmt.type == "json_schema":
             if fmt.json_schema is None or fmt.json_schema.schema_ is None:
                 raise bad_request("response_format.json_schema.schema", "is required with type 'json_schema'")
-            schema = {"schema": _json_schema_text(fmt.json_schema.schema_)}
+            schema = {"schema": _json_schema_text(fmt.json_schema.schema_), "strict": bool(fmt.json_schema.strict)}
             given.append(("response_format", "json_schema", schema, {"params.schema": "json_schema.schema"}))
         else:
             raise bad_request(

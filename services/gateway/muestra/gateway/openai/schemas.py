@@ -123,6 +123,7 @@ class _TextBody(_Body):
     repetition_penalty: float | None = None
     samplers: list[SamplerStep] | None = None
     ignore_eos: bool = False
+    allow_special_tokens: bool = False
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     # Output constraints (at most one of them): OpenAI's response_format, vLLM's guided_* and structured_outputs.

@@ -76,3 +76,6 @@ class GatewayConfig(ServiceConfig, RedisConfig):
     http_port: int = _f(8000, "OpenAI-compatible HTTP API port (0: pick a free one, -1: off)")
     http_host: str = _f("", "address the HTTP API binds (empty: the same as --host)")
     http_max_body_bytes: int = _f(8 * 1024 * 1024, "largest HTTP request body, in bytes (413 beyond it)")
+    http_body_timeout_s: float = _f(
+        60.0, "longest an HTTP request body may take to arrive, from its headers to its last byte (408 beyond it)"
+    )

@@ -10,7 +10,7 @@ from muestra.gateway.openai.serve import HttpServer
 
 async def start_http_api(servicer, config, keys: list[str]) -> HttpServer:
     """Serve the HTTP API on config.http_host (default: the gRPC host) and config.http_port, in this event loop."""
-    app = create_app(servicer, keys, config.http_max_body_bytes)
+    app = create_app(servicer, keys, config.http_max_body_bytes, config.http_body_timeout_s)
     server = HttpServer(app, config.http_host or config.host, config.http_port, config.grace_period_s)
     await server.start()
     return server

@@ -49,8 +49,8 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse(error.body(), status_code=exc.status_code)
 
 
-def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) -> Edge:
-    """The ASGI app: the routes behind the Edge (API keys, body limit, request ids, logs, metrics)."""
+def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int, body_timeout_s: float = 60.0) -> Edge:
+    """The ASGI app: the routes behind the Edge (API keys, body limit and deadline, request ids, logs, metrics)."""
     app = FastAPI(title="muestra", docs_url=None, redoc_url=None, openapi_url=None)
     state.attach(app, servicer)
     app.state.a1111_jobs = a1111.Jobs()
@@ -61,4 +61,4 @@ def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int) 
     app.add_exception_handler(a1111.A1111Error, a1111.a1111_error)
     for router in (routes.router, listings.router, a1111.router, playground.router, service):
         app.include_router(router)
-    return Edge(app, keys, max_body_bytes)
+    return Edge(app, keys, max_body_bytes, body_timeout_s)

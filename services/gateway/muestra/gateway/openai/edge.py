@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -54,6 +55,14 @@ class BodyTooLarge(OpenAIError):
         )
 
 
+class BodyTimeout(OpenAIError):
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            408, f"the request body did not arrive within {timeout_s:g} s", "invalid_request_error", None,
+            "body_timeout",
+        )  # fmt: skip
+
+
 async def send_error(send, error: OpenAIError) -> None:
     body = error.json_bytes()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -64,10 +73,11 @@ async def send_error(send, error: OpenAIError) -> None:
 class Edge:
     """ASGI middleware around the whole app."""
 
-    def __init__(self, app, keys: list[str], max_body_bytes: int) -> None:
+    def __init__(self, app, keys: list[str], max_body_bytes: int, body_timeout_s: float = 60.0) -> None:
         self.app = app
         self.keys = [k for k in keys if k]
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     def _refuse(self, scope, headers: dict[bytes, bytes]) -> OpenAIError | None:
         if self.keys and scope["path"] not in OPEN_PATHS and not is_open_path(scope["path"]):
@@ -92,6 +102,8 @@ class Edge:
         started = time.perf_counter()
         status = 0
         received = 0
+        body_ended = False
+        body_deadline = asyncio.get_running_loop().time() + self.body_timeout_s
 
         async def send_with_id(message) -> None:
             nonlocal status
@@ -101,12 +113,19 @@ class Edge:
             await send(message)
 
         async def limited_receive():
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_ended
+            if body_ended:  # what is left to receive is the client leaving, however long the answer takes
+                return await receive()
+            try:
+                async with asyncio.timeout_at(body_deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimeout(self.body_timeout_s) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
                     raise BodyTooLarge(self.max_body_bytes)
+                body_ended = not message.get("more_body", False)
             return message
 
         try:

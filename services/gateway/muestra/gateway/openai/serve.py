@@ -7,9 +7,15 @@ import contextlib
 import logging
 import socket
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("muestra.gateway.openai")
+# h11 parses a 1-byte chunk of a chunked body in about 5 us: 4 KiB of them is some 4 ms of one loop turn.
+FEED_BYTES = 4096
+# How long a connection answered before its request body ended may go on sending (unread) before it is closed.
+LINGER_S = 2.0
 
 
 class _Uvicorn(uvicorn.Server):
@@ -21,6 +27,57 @@ class _Uvicorn(uvicorn.Server):
 
     def install_signal_handlers(self) -> None:  # uvicorn < 0.29
         pass
+
+
+class _FairH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, fed FEED_BYTES per event-loop turn so that no connection holds the loop (a body in
+    1-byte chunks costs a parse per byte), and closed once its answer is sent if the request body is unfinished
+    (a 413 or a 408) instead of parsing the rest of a body nobody reads."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.unparsed = bytearray()
+        self.next_feed: asyncio.Handle | None = None
+        self.discarding = False
+        self.linger: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.discarding:
+            return
+        self.unparsed += data
+        if self.next_feed is None:
+            self._feed()
+
+    def _feed(self) -> None:
+        self.next_feed = None
+        piece = bytes(self.unparsed[:FEED_BYTES])
+        del self.unparsed[:FEED_BYTES]
+        super().data_received(piece)
+        if self.unparsed and not self.discarding and not self.transport.is_closing():
+            self.transport.pause_reading()
+            self.next_feed = self.loop.call_soon(self._feed)
+        elif not self.flow.read_paused and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def on_response_complete(self) -> None:
+        if self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+            super().on_response_complete()
+            return
+        # Answered mid-body: read and drop what the client still sends for a while, so that it sees the answer
+        # (closing with unread bytes would send it a reset), then close.
+        self.server_state.total_requests += 1
+        self.discarding = True
+        self.unparsed.clear()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.transport.resume_reading()
+        self.linger = self.loop.call_later(LINGER_S, self.transport.close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for handle in (self.next_feed, self.linger):
+            if handle is not None:
+                handle.cancel()
+        super().connection_lost(exc)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -55,6 +112,7 @@ class HttpServer:
             ws="none",
             timeout_graceful_shutdown=grace_period_s,
             server_header=False,
+            http=_FairH11Protocol,
         )
         self.server = _Uvicorn(config)
         self.task: asyncio.Task | None = None

@@ -27,7 +27,14 @@ SCHEMA = {
     },
     "required": ["name", "age", "tags", "pet"],
     "additionalProperties": False,
-    "$defs": {"pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"]}},
+    "$defs": {
+        "pet": {
+            "type": "object",
+            "properties": {"kind": {"enum": ["cat", "dog"]}},
+            "required": ["kind"],
+            "additionalProperties": False,  # strict (OpenAI's rules) needs every object closed
+        }
+    },
 }
 REGEX = r"[0-9]{3}-[a-z]{2,5}( [A-Z])?"
 CHOICES = ["sí", "no", 'a "quoted" one', "línea\nnueva"]

@@ -19,8 +19,9 @@ import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
 
+from muestra.gateway.constraints.json_text import JsonText, JsonTokens
 from muestra.gateway.constraints.registry import ConstraintRegistry
-from muestra.plugin import Grammar, SamplerParamError
+from muestra.plugin import REQUIRED, Grammar, SamplerParamError
 from muestra.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
 from muestra.v1 import tokenizer_pb2
 
@@ -40,20 +41,25 @@ class ConstraintLimits:
 class CompiledConstraint:
     """A request's compiled grammar in its start state; each completion advances a copy of it."""
 
-    def __init__(self, name: str, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(
+        self, name: str, matcher: llguidance.LLMatcher, vocab_size: int, json_tokens: JsonTokens | None = None
+    ) -> None:
         self.name = name
         self.matcher = matcher
         self.words = (vocab_size + 31) // 32
+        self.json_tokens = json_tokens  # set when the text is JSON: its keys and numbers are then checked too
 
     def new_row(self) -> RowConstraint:
-        return RowConstraint(self.matcher.deep_copy(), self.words)
+        return RowConstraint(self.matcher.deep_copy(), self.words, self.json_tokens)
 
 
 class RowConstraint:
     """One completion's place in the grammar, and the tokens it may take next."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, words: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, words: int, json_tokens: JsonTokens | None = None) -> None:
         self.matcher = matcher
+        self.json_tokens = json_tokens
+        self.json = JsonText() if json_tokens is not None else None
         self.mask = np.zeros(words, dtype=np.int32)  # set by fill_masks before every step
         self.forced: int | None = None  # the only allowed next token, when there is one
         self.forced_count = 0
@@ -63,10 +69,14 @@ class RowConstraint:
         """Advance by the chosen token; False (with .error) if the grammar does not allow it."""
         if token == self.forced:
             self.forced_count += 1
-        if self.matcher.consume_token(token):
-            return True
-        self.error = f"the constraint does not allow token {token}: {short_error(self.matcher.get_error())}"
-        return False
+        if not self.matcher.consume_token(token):
+            self.error = f"the constraint does not allow token {token}: {short_error(self.matcher.get_error())}"
+            return False
+        broken = self.json.feed(self.json_tokens.token_bytes[token]) if self.json is not None else ""
+        if broken:
+            self.error = f"the constraint does not allow token {token}: {broken}"
+            return False
+        return True
 
     @property
     def complete(self) -> bool:
@@ -100,16 +110,44 @@ def fill_masks(rows: list[RowConstraint]) -> None:
         _executor = llguidance.LLExecutor()
     masks = np.zeros((len(rows), rows[0].mask.size), dtype=np.int32)
     llg_numpy.fill_next_token_bitmask_par(_executor, [(row.matcher, i) for i, row in enumerate(rows)], masks)
+    for i, row in enumerate(rows):
+        if row.json is not None:
+            row.json.remove_breaking(masks[i], row.json_tokens)
+            remove_dead_keys(row, masks[i])
     counts = np.bitwise_count(masks.view(np.uint32)).sum(axis=1)
     for i, row in enumerate(rows):
         row.mask = masks[i]
         row.forced = None
         if counts[i] == 0:
-            detail = short_error(row.matcher.get_error()) or "no token can continue the text"
+            detail = short_error(row.matcher.get_error()) or (
+                "every token the grammar allows would repeat a key or lengthen a number past its digits"
+                if row.json is not None
+                else "no token can continue the text"
+            )
             row.error = f"the constraint reached a dead end: {detail}"
         elif counts[i] == 1:
             word = int(np.flatnonzero(masks[i])[0])
             row.forced = 32 * word + int(masks[i].view(np.uint32)[word]).bit_length() - 1
+
+
+def remove_dead_keys(row: RowConstraint, mask: np.ndarray) -> None:
+    """Clear the tokens that spell out a key the object already has when the grammar could only close it there:
+    masking the closing quote alone would leave the row at a dead end one step later."""
+    words = mask.view(np.uint32)
+    for token in row.json.reaching_used_keys(row.json_tokens):
+        if not words[token >> 5] >> (token & 31) & 1:
+            continue
+        ahead = row.matcher.deep_copy()
+        ahead.consume_token(token)
+        after = np.frombuffer(ahead.compute_bitmask(), dtype=np.uint8)
+        if not np.any(after[: row.json_tokens.unquoted.size] & row.json_tokens.unquoted[: after.size]):
+            words[token >> 5] &= ~np.uint32(1 << (token & 31))
+
+
+def token_bytes(tokenizer: llguidance.LLTokenizer, vocab_size: int) -> list[bytes]:
+    """Each token's bytes, for the model's whole vocabulary (ids past the tokenizer's are empty)."""
+    known = [tokenizer.decode_bytes([i]) for i in range(min(tokenizer.vocab_size, vocab_size))]
+    return known + [b""] * (vocab_size - len(known))
 
 
 def grammar_text(grammar: Grammar) -> str:
@@ -133,6 +171,7 @@ class GrammarEngine:
         self.limits = limits
         self.tokenizer_timeout_s = tokenizer_timeout_s
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._json_tokens: JsonTokens | None = None
         self._tokenizer_lock = asyncio.Lock()
         self._compiled: collections.OrderedDict[tuple[str, str], llguidance.LLMatcher] = collections.OrderedDict()
         # Compiles run here, so a slow one never holds up the event loop or the default executor.
@@ -166,6 +205,9 @@ class GrammarEngine:
             )
 
         tokenizer = await asyncio.get_running_loop().run_in_executor(self._pool, build)
+        self._json_tokens = await asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: JsonTokens(token_bytes(tokenizer, model.vocab_size))
+        )
         log.info("grammar engine ready for %s (%d tokens)", model.name, tokenizer.vocab_size)
         return tokenizer
 
@@ -181,7 +223,9 @@ class GrammarEngine:
             checked = constraint.validate(params)
         except SamplerParamError as exc:
             raise InvalidArgument(f"{field}.params.{exc.field}", f"{exc.message} (constraint {name!r})") from None
-        where = f"{field}.params" + (f".{next(iter(constraint.parameters))}" if len(constraint.parameters) == 1 else "")
+        # The grammar's source is the kind's one required parameter, when it has one.
+        required = [key for key, param in constraint.parameters.items() if param.default is REQUIRED]
+        where = f"{field}.params" + (f".{required[0]}" if len(required) == 1 else "")
         try:
             grammar = constraint.grammar(checked)
             size = len(grammar.source.encode("utf-8"))
@@ -190,6 +234,8 @@ class GrammarEngine:
                     where, f"is {size} bytes as a {grammar.kind}; the limit is {self.limits.max_bytes}"
                 )
             text = grammar_text(grammar)
+        except SamplerParamError as exc:
+            raise InvalidArgument(f"{field}.params.{exc.field}", f"{exc.message} (constraint {name!r})") from None
         except (ValueError, TypeError) as exc:
             raise InvalidArgument(where, f"{exc} (constraint {name!r})") from None
         tokenizer = await self.tokenizer()
@@ -202,7 +248,8 @@ class GrammarEngine:
                 self._compiled.popitem(last=False)
         else:
             self._compiled.move_to_end(key)
-        return CompiledConstraint(name, matcher.deep_copy(), self.model.vocab_size)
+        json_tokens = self._json_tokens if grammar.kind == "json_schema" else None
+        return CompiledConstraint(name, matcher.deep_copy(), self.model.vocab_size, json_tokens)
 
     async def _compile(self, tokenizer, text: str, where: str, kind: str) -> llguidance.LLMatcher:
         limit = self.limits.compile_timeout_s

@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 
+from muestra.cli.chat import fit_history
 from muestra.v1 import common_pb2, gateway_pb2
 from tests.cli.conftest import MUESTRA
 
@@ -120,3 +121,59 @@ def test_exit_command_ends_the_chat(openai_stack):
     term.read_until("> ")
     term.send("/exit\n")
     assert term.wait() == 0
+
+
+def test_twelve_turns_at_the_default_max_tokens_never_fail_on_the_context(openai_stack):
+    # The tiny llama's context is 512 tokens and its answers run to the default 256: from the second
+    # turn on, the history must be cut for every question to fit.
+    env = {**os.environ, "MUESTRA_API_KEY": openai_stack.api_key, "TERM": "dumb"}
+    argv = [*MUESTRA, "chat", "--gateway", openai_stack.gateway.address, "--system", "Be brief.", "--temperature", "0"]
+    term = Terminal(argv, env)
+    banner = term.read_until("> ")
+    assert "context 512 tokens" in banner and "/reset" in banner
+    shown = ""
+    for turn in range(12):
+        shown += answer_to(term, f"Pregunta número {turn}?")
+    assert "dropped the oldest" in shown and "context of 512 tokens" in shown
+    assert "exceeds" not in shown and "INVALID_ARGUMENT" not in shown and "muestra chat:" not in shown
+
+    # /reset: the next answer is the one a fresh conversation (with the system message) gets.
+    term.send("/reset\n")
+    assert "starts over" in term.read_until(PROMPT)
+    answer = answer_to(term, "Hola")
+    assert answer == greedy_answer(openai_stack, [("system", "Be brief."), ("user", "Hola")], 256)
+    term.send("/exit\n")
+    assert term.wait() == 0
+    assert "Traceback" not in term.seen
+
+
+def test_a_message_too_long_for_the_context_is_one_line_and_the_chat_goes_on(openai_stack):
+    env = {**os.environ, "MUESTRA_API_KEY": openai_stack.api_key, "TERM": "dumb"}
+    argv = [*MUESTRA, "chat", "--gateway", openai_stack.gateway.address, "--max-tokens", "8", "--temperature", "0"]
+    term = Terminal(argv, env)
+    term.read_until("> ")
+    term.send("uno dos tres " * 200 + "\n")  # readline scrolls a line this long: its echo is not read back
+    refused = [line for line in term.read_until(PROMPT).splitlines() if line.startswith("muestra chat:")]
+    assert len(refused) == 1 and "exceeds the context of 512" in refused[0], refused
+    assert answer_to(term, "Hola") == greedy_answer(openai_stack, [("user", "Hola")], 8)
+    term.send("\x04")
+    assert term.wait() == 0
+
+
+def test_fit_history_drops_whole_exchanges_from_the_oldest_and_never_the_system_message():
+    def count(messages):  # one token per character, a context of 30
+        return sum(len(m["content"]) for m in messages), 30
+
+    conversation = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1-long-answer"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "u3"},
+    ]
+    fit = fit_history(conversation, 10, count)
+    assert fit.messages == [conversation[0], *conversation[3:]] and fit.dropped == 2
+    assert fit_history(conversation, 1, count).dropped == 0
+    too_long = fit_history([conversation[0], {"role": "user", "content": "x" * 40}], 10, count)
+    assert too_long.messages is None and too_long.prompt_tokens == 43

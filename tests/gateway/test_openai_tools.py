@@ -161,6 +161,47 @@ def test_parallel_calls_are_each_valid(client, stack, stream):
                 jsonschema.validate(json.loads(arguments), PARAMETERS[name])
 
 
+def cut_answer(client, stack, stream: bool, max_tokens: int) -> tuple[str | None, list, str, dict | None]:
+    """A required call cut by max_tokens: (content, [(name, arguments)], finish_reason, incomplete_tool_call)."""
+    common = {"model": stack.model, "messages": MESSAGES, "max_tokens": max_tokens, "seed": 5}
+    common |= {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    if not stream:
+        choice = client.chat.completions.create(**common).choices[0]
+        calls = [(t.function.name, t.function.arguments) for t in choice.message.tool_calls or ()]
+        incomplete = (choice.message.model_extra or {}).get("incomplete_tool_call")
+        return choice.message.content, calls, choice.finish_reason, incomplete
+    content, calls, finish, incomplete = None, {}, None, None
+    for chunk in client.chat.completions.create(stream=True, **common):
+        for c in chunk.choices:
+            if c.delta.content:
+                content = (content or "") + c.delta.content
+            for delta in c.delta.tool_calls or ():
+                calls.setdefault(delta.index, [delta.function.name, ""])[1] += delta.function.arguments or ""
+            incomplete = (c.delta.model_extra or {}).get("incomplete_tool_call", incomplete)
+            finish = c.finish_reason or finish
+    return content, [tuple(calls[i]) for i in sorted(calls)], finish, incomplete
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_is_not_content_and_is_named_as_cut(client, stack, stream):
+    for max_tokens in range(2, 21):
+        content, calls, finish, incomplete = cut_answer(client, stack, stream, max_tokens)
+        at = f"max_tokens={max_tokens}: {content!r} {calls} {finish} {incomplete}"
+        assert not content, at  # never the call's markup
+        if finish == "tool_calls":  # the whole call fitted
+            assert len(calls) == 1 and incomplete is None, at
+            continue
+        assert finish == "length", at
+        # The cut call as written; in tool_calls (its arguments cut short) once its name was written whole.
+        cut = incomplete["text"]
+        assert cut and (CALL_START.startswith(cut) or cut.startswith(CALL_START)), at
+        if calls:
+            ((name, arguments),) = calls
+            assert incomplete["index"] == 0 and f'"name": "{name}"' in cut and cut.endswith(arguments), at
+        else:
+            assert incomplete["index"] == 0 and '"arguments": ' not in cut, at
+
+
 def test_streamed_calls_equal_the_whole_answer_but_for_ids(client, stack):
     def without_ids(choices):
         return [{**c, "tool_calls": [call[1:] for call in c["tool_calls"]]} for c in choices]

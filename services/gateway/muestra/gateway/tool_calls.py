@@ -147,12 +147,25 @@ def parse_tool_calls(text: str, final: bool) -> tuple[str, list[ParsedCall]]:
     """The text before the first call, and the calls; `final` is False while the text may still grow.
 
     While it grows, whatever might turn out to be a marker is held back, so that what is returned only ever
-    grows: a stream can send the difference each time and end with what the whole text gives. Text that does
-    not parse as a call (a truncated head) counts as content once the text is final.
+    grows: a stream can send the difference each time and end with what the whole text gives. A call the
+    final text ends inside of (cut by max_tokens or a stop string) is never content: see cut_call.
     """
+    content, calls, _ = _parse(text, final)
+    return content, calls
+
+
+def cut_call(text: str) -> str:
+    """The unfinished call the final text ends in, markers included ("" when it ends with its calls whole).
+
+    Its name and arguments so far are the last of parse_tool_calls's calls if its head was written whole."""
+    return _parse(text, final=True)[2]
+
+
+def _parse(text: str, final: bool) -> tuple[str, list[ParsedCall], str]:
     start = text.find(TRIGGER)
     if start < 0:
-        return (text if final else text[: len(text) - _held(text, TRIGGER)]), []
+        held = _held(text, TRIGGER)
+        return text[: len(text) - held], [], text[len(text) - held :] if final else ""
     content, calls, pos = text[:start], [], start
     while text.startswith(CALL_START, pos):
         body_start = pos + len(CALL_START)
@@ -172,11 +185,20 @@ def parse_tool_calls(text: str, final: bool) -> tuple[str, list[ParsedCall]]:
             else:
                 arguments = arguments[: len(arguments) - _held(arguments, "}" + CALL_END)]
             calls.append(ParsedCall(name, arguments, False))
-            return content, calls
+            return content, calls, text[pos:] if final else ""
         calls.append(ParsedCall(name, arguments[:-1] if arguments.endswith("}") else arguments, True))
         pos = end + len(CALL_END)
         if text.startswith(SEPARATOR + TRIGGER, pos):
             pos += len(SEPARATOR)
-    if final:
-        content += text[pos:]
-    return content, calls
+    if not final:
+        return content, calls, ""
+    rest = text[pos:]
+    if calls and rest == SEPARATOR:  # the calls' separator, cut before the next call's first character
+        return content, calls, ""
+    after_separator = rest[len(SEPARATOR) :] if calls and rest.startswith(SEPARATOR) else rest
+    # A call cut before its name was whole: a piece of the start marker, or the marker and a piece of the head.
+    if (after_separator and TRIGGER.startswith(after_separator)) or (
+        after_separator.startswith(TRIGGER) and CALL_END not in after_separator
+    ):
+        return content, calls, after_separator
+    return content + rest, calls, ""

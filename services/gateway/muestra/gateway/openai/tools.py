@@ -11,7 +11,7 @@ import secrets
 
 from muestra.gateway.openai.errors import bad_request, from_muestra
 from muestra.gateway.openai.schemas import ChatCompletionRequest, ChatMessage
-from muestra.gateway.tool_calls import check_tools, parse_tool_calls, tool_call_grammar
+from muestra.gateway.tool_calls import check_tools, cut_call, parse_tool_calls, tool_call_grammar
 from muestra.runtime.errors import InvalidArgument
 
 
@@ -66,15 +66,29 @@ def _call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
 
+def incomplete_tool_call(text: str, calls: list) -> dict | None:
+    """What max_tokens (or a stop string) cut from the whole text: the unfinished call's index in tool_calls
+    (where it is there, its arguments cut short; where its name was cut, it is not) and its text as written."""
+    cut = cut_call(text)
+    if not cut:
+        return None
+    return {"index": len(calls) - 1 if calls and not calls[-1].complete else len(calls), "text": cut}
+
+
 def message_with_calls(text: str) -> dict:
-    """A choice's message from its whole text: the text before the calls as content, and the calls."""
+    """A choice's message from its whole text: the text before the calls as content, the calls, and the call
+    the text was cut inside of, if any (incomplete_tool_call)."""
     content, calls = parse_tool_calls(text, final=True)
-    message: dict = {"role": "assistant", "content": content if content or not calls else None, "refusal": None}
+    incomplete = incomplete_tool_call(text, calls)
+    called = calls or incomplete is not None
+    message: dict = {"role": "assistant", "content": content if content or not called else None, "refusal": None}
     if calls:
         message["tool_calls"] = [
             {"id": _call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in calls
         ]
+    if incomplete is not None:
+        message["incomplete_tool_call"] = incomplete
     return message
 
 
@@ -82,7 +96,7 @@ class ToolCallDeltas:
     """One streamed choice's text as deltas of content and tool_calls (which the official client merges by index).
 
     Every delta re-reads the whole text so far and sends what is new: the deltas concatenate to
-    message_with_calls of the whole text."""
+    message_with_calls of the whole text, and the last one carries its incomplete_tool_call."""
 
     def __init__(self) -> None:
         self.text = ""
@@ -114,4 +128,7 @@ class ToolCallDeltas:
         if tool_calls:
             delta["tool_calls"] = tool_calls
             self.called = True
+        incomplete = incomplete_tool_call(self.text, calls) if final else None
+        if incomplete is not None:
+            delta["incomplete_tool_call"] = incomplete
         return delta

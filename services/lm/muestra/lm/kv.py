@@ -27,6 +27,28 @@ def _ceil_to(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
+def _stacked(parts: Sequence[list[np.ndarray]], rows: int, width: int, left_padded: bool) -> list[np.ndarray]:
+    """Per tensor, the parts' [rows, kv_heads, positions, head_dim] arrays stacked into one `width` wide.
+
+    A left-padded part keeps its last `width` positions, at the right end; a right-padded one its first.
+    """
+    joined = []
+    for tensor in range(len(parts[0])):
+        first = parts[0][tensor]
+        out = np.zeros((rows, first.shape[1], width, first.shape[3]), first.dtype)
+        row = 0
+        for arrays in parts:
+            part = arrays[tensor]
+            keep = min(part.shape[2], width)
+            if left_padded:
+                out[row : row + len(part), :, width - keep :] = part[:, :, part.shape[2] - keep :]
+            else:
+                out[row : row + len(part), :, :keep] = part[:, :, :keep]
+            row += len(part)
+        joined.append(out)
+    return joined
+
+
 class ConcatKV:
     """Left-padded past keys and values, one OrtValue [rows, kv_heads, past, head_dim] per tensor."""
 
@@ -101,19 +123,7 @@ class ConcatKV:
     @staticmethod
     def concatenate(parts: Sequence[ConcatKV], lengths: np.ndarray, to_device: ToDevice, limit: int) -> ConcatKV:
         """The rows of `parts` stacked, each left-padded (or left-trimmed) to the longest row."""
-        width = int(lengths.max())
-        hosts = [p.host_arrays() for p in parts]
-        joined = []
-        for tensor in range(len(hosts[0])):
-            first = hosts[0][tensor]
-            out = np.zeros((len(lengths), first.shape[1], width, first.shape[3]), first.dtype)
-            row = 0
-            for part, arrays in zip(parts, hosts, strict=True):
-                keep = min(part.width, width)
-                if keep:
-                    out[row : row + part.rows, :, width - keep :] = arrays[tensor][:, :, part.width - keep :]
-                row += part.rows
-            joined.append(out)
+        joined = _stacked([p.host_arrays() for p in parts], len(lengths), int(lengths.max()), left_padded=True)
         return ConcatKV([to_device(a) for a in joined])
 
 
@@ -201,15 +211,5 @@ class SharedKV:
     @staticmethod
     def concatenate(parts: Sequence[SharedKV], lengths: np.ndarray, to_device: ToDevice, limit: int) -> SharedKV:
         capacity = SharedKV.capacity_for(int(lengths.max()), limit)
-        hosts = [p.host_arrays() for p in parts]
-        joined = []
-        for tensor in range(len(hosts[0])):
-            first = hosts[0][tensor]
-            out = np.zeros((len(lengths), first.shape[1], capacity, first.shape[3]), first.dtype)
-            row = 0
-            for part, arrays in zip(parts, hosts, strict=True):
-                keep = min(part.capacity, capacity)
-                out[row : row + part.rows, :, :keep] = arrays[tensor][:, :, :keep]
-                row += part.rows
-            joined.append(out)
+        joined = _stacked([p.host_arrays() for p in parts], len(lengths), capacity, left_padded=False)
         return SharedKV([to_device(a) for a in joined])

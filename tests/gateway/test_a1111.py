@@ -270,3 +270,33 @@ def test_options_name_the_model_and_set_it_for_the_a1111_routes(api):
     schedulers = api.get("/sdapi/v1/schedulers").json()
     assert [s["label"] for s in schedulers] == ["Automatic", "Karras"]
     assert all({"name", "label", "aliases", "default_rho", "need_inner_model"} <= set(s) for s in schedulers)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "detail", "allow"),
+    [
+        ("POST", "/sdapi/v1/extra-single-image", 404, "Not Found", None),
+        ("GET", "/sdapi/v2/txt2img", 404, "Not Found", None),
+        ("GET", "/sdapi/v1/txt2img", 405, "Method Not Allowed", "POST"),
+        ("DELETE", "/sdapi/v1/memory", 405, "Method Not Allowed", "GET"),
+    ],
+)
+def test_every_sdapi_route_it_does_not_serve_answers_in_a1111s_shape(method, path, status, detail, allow, api):
+    response = api.request(method, path)
+    assert (response.status_code, response.json()) == (status, {"detail": detail})
+    assert response.headers.get("allow") == allow
+
+
+def test_png_info_without_an_image_is_422_and_with_a_non_image_400(api):
+    missing = api.post("/sdapi/v1/png-info", json={})
+    assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "image"]
+    garbage = api.post("/sdapi/v1/png-info", json={"image": base64.b64encode(b"GIF89a").decode()})
+    assert garbage.status_code == 400 and garbage.json() == {"detail": "image: not a PNG, JPEG or WebP image"}
+
+
+def test_left_out_fields_are_echoed_in_parameters_as_used(api):
+    body = api.post("/sdapi/v1/txt2img", json={"prompt": "a cat", "seed": 4}).json()
+    parameters = body["parameters"]
+    used = {key: parameters[key] for key in ("width", "height", "steps", "cfg_scale", "seed", "sampler_name")}
+    assert used == {"width": 64, "height": 64, "steps": 50, "cfg_scale": 7.5, "seed": 4, "sampler_name": "euler"}
+    assert parameters["scheduler"] == "automatic"

@@ -7,6 +7,7 @@ import binascii
 
 import grpc
 
+from muestra.gateway.a1111 import sizes
 from muestra.gateway.a1111.schemas import OFF_FEATURES, A1111Error, Img2ImgRequest, Txt2ImgRequest
 from muestra.gateway.server import GatewayServicer
 from muestra.runtime.errors import MuestraError
@@ -27,7 +28,7 @@ RENAMES = {
 }
 
 
-def _decode_b64(field: str, text: str) -> bytes:
+def decode_b64(field: str, text: str) -> bytes:
     """A1111 clients send bare base64 or a data URL."""
     if text.startswith("data:") and "," in text:
         text = text.split(",", 1)[1]
@@ -51,6 +52,13 @@ async def list_schedulers(model) -> list[diffusion_pb2.SchedulerInfo]:
     except grpc.aio.AioRpcError as exc:
         raise unanswered(model, exc) from None
     return list(reply.schedulers)
+
+
+async def describe(model) -> diffusion_pb2.DescribeDiffusionResponse:
+    try:
+        return await model.stub.Describe(diffusion_pb2.DescribeDiffusionRequest(), timeout=LIST_TIMEOUT_S)
+    except grpc.aio.AioRpcError as exc:
+        raise unanswered(model, exc) from None
 
 
 def unanswered(model, exc: grpc.aio.AioRpcError) -> A1111Error:
@@ -94,15 +102,19 @@ def image_model(servicer: GatewayServicer, checkpoint: str):
         raise A1111Error(404, f"Model not found: {exc}") from None
 
 
-async def image_request(servicer: GatewayServicer, body: Txt2ImgRequest, checkpoint: str) -> diffusion_pb2.ImageRequest:
+async def image_request(
+    servicer: GatewayServicer, body: Txt2ImgRequest, checkpoint: str
+) -> tuple[diffusion_pb2.ImageRequest, sizes.Plan]:
+    """The request for the diffusion service, and the size plan (sizes.py) its images are resized by."""
     _check_off(body)
     model = image_model(servicer, (body.override_settings or {}).get("sd_model_checkpoint") or checkpoint)
+    plan = sizes.plan(body.width or 0, body.height or 0, await describe(model))
     request = diffusion_pb2.ImageRequest(
         model=model.name,
         prompt=body.prompt,
         negative_prompt=body.negative_prompt,
-        width=body.width or 0,
-        height=body.height or 0,
+        width=plan.width,
+        height=plan.height,
         steps=body.steps or 0,
         sampler=await _sampler(model, body),
         num_images=body.batch_size * body.n_iter,
@@ -114,7 +126,7 @@ async def image_request(servicer: GatewayServicer, body: Txt2ImgRequest, checkpo
         request.seed = body.seed
     if isinstance(body, Img2ImgRequest):
         _image_fields(body, request)
-    return request
+    return request, plan
 
 
 def _image_fields(body: Img2ImgRequest, request: diffusion_pb2.ImageRequest) -> None:
@@ -122,11 +134,11 @@ def _image_fields(body: Img2ImgRequest, request: diffusion_pb2.ImageRequest) -> 
         raise A1111Error(400, f"init_images: only one image is supported, got {len(body.init_images)}")
     if body.resize_mode != 0:
         raise A1111Error(400, f"resize_mode: only 0 (just resize) is supported, got {body.resize_mode}")
-    request.init_image = _decode_b64("init_images[0]", body.init_images[0])
+    request.init_image = decode_b64("init_images[0]", body.init_images[0])
     request.strength = body.denoising_strength
     if not body.mask:
         return
-    request.mask_image = _decode_b64("mask", body.mask)
+    request.mask_image = decode_b64("mask", body.mask)
     if body.mask_blur is None and body.mask_blur_x != body.mask_blur_y:
         raise A1111Error(400, "mask_blur_x, mask_blur_y: one blur for both axes is supported; give mask_blur")
     request.mask_blur = body.mask_blur if body.mask_blur is not None else body.mask_blur_x
@@ -141,8 +153,9 @@ def _settings(parameters: str) -> dict[str, str]:
     return {pair[0]: pair[1] for pair in pairs if len(pair) == 2 and not pair[1].startswith('"')}
 
 
-def info(body: Txt2ImgRequest, request, images: list, job) -> dict:
-    """The `info` object A1111 returns (as a JSON string), with the fields muestra has answers for."""
+def info(body: Txt2ImgRequest, request, plan: sizes.Plan, images: list, job) -> dict:
+    """The `info` object A1111 returns (as a JSON string), with the values the service used: its own defaults
+    where the body left a field out, and the size of the images returned."""
     seeds = [image.seed for image in images]
     first = images[0] if images else None
     used = _settings(first.parameters) if first else {}
@@ -156,8 +169,8 @@ def info(body: Txt2ImgRequest, request, images: list, job) -> dict:
         "subseed": -1,
         "all_subseeds": [-1] * len(images),
         "subseed_strength": 0,
-        "width": first.width if first else request.width,
-        "height": first.height if first else request.height,
+        "width": first.width if first else plan.out_width,
+        "height": first.height if first else plan.out_height,
         "sampler_name": body.sampler_name or body.sampler_index or used.get("Sampler", request.sampler),
         "cfg_scale": float(used["CFG scale"]) if "CFG scale" in used else body.cfg_scale,
         "steps": int(used["Steps"]) if "Steps" in used else body.steps or job.total,
@@ -171,7 +184,7 @@ def info(body: Txt2ImgRequest, request, images: list, job) -> dict:
         "seed_resize_from_w": -1,
         "seed_resize_from_h": -1,
         "denoising_strength": request.strength if request.HasField("strength") else None,
-        "extra_generation_params": {},
+        "extra_generation_params": sizes.infotext_pairs(plan) if plan.resized else {},
         "index_of_first_image": 0,
         "infotexts": [image.parameters for image in images],
         "styles": [],
@@ -181,3 +194,17 @@ def info(body: Txt2ImgRequest, request, images: list, job) -> dict:
         "version": "muestra",
         "interrupted": job.interrupted,
     }
+
+
+# The `parameters` fields a client may leave out, echoed as the service used them (A1111 echoes its defaults).
+USED = ("seed", "sampler_name", "steps", "cfg_scale", "width", "height")
+
+
+def parameters(body: Txt2ImgRequest, used: dict) -> dict:
+    """The body as A1111 echoes it in `parameters`, with the values used where the client left them out."""
+    echoed = body.model_dump()
+    echoed.update({field: used[field] for field in USED})
+    echoed["scheduler"] = body.scheduler or "automatic"
+    if isinstance(body, Img2ImgRequest) and not body.include_init_images:
+        echoed.update(init_images=None, mask=None)
+    return echoed

@@ -14,6 +14,7 @@ import grpc
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from muestra.gateway.a1111 import sizes
 from muestra.gateway.a1111.convert import (
     LIST_TIMEOUT_S,
     RENAMES,
@@ -22,6 +23,7 @@ from muestra.gateway.a1111.convert import (
     image_request,
     info,
     list_schedulers,
+    parameters,
     unanswered,
 )
 from muestra.gateway.a1111.schemas import A1111Error, Img2ImgRequest, Txt2ImgRequest, read_body
@@ -81,12 +83,12 @@ router = APIRouter(prefix="/sdapi/v1")
 
 async def a1111_error(request: Request, exc: A1111Error) -> JSONResponse:
     """The exception handler for A1111Error: A1111's {"detail": ...}."""
-    return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
 
 
 async def _generate(servicer: GatewayServicer, body: Txt2ImgRequest, jobs: Jobs, http: Request) -> JSONResponse:
-    """txt2img and img2img: the images, the parameters as given and the `info` as a JSON string."""
-    request = await image_request(servicer, body, jobs.checkpoint)
+    """txt2img and img2img: the images, the parameters as used and the `info` as a JSON string."""
+    request, plan = await image_request(servicer, body, jobs.checkpoint)
     job = Job(images=request.num_images)
     images: list[diffusion_pb2.GeneratedImage] = []
 
@@ -113,13 +115,13 @@ async def _generate(servicer: GatewayServicer, body: Txt2ImgRequest, jobs: Jobs,
     finally:
         jobs.running.remove(job)
     images.sort(key=lambda image: image.index)
-    parameters = body.model_dump()
-    if isinstance(body, Img2ImgRequest) and not body.include_init_images:
-        parameters.update(init_images=None, mask=None)
+    if plan.resized:
+        images = await asyncio.to_thread(lambda: [sizes.resize(image, plan) for image in images])
+    used = info(body, request, plan, images, job)
     return JSONResponse({
         "images": [base64.b64encode(image.png).decode() for image in images] if body.send_images else [],
-        "parameters": parameters,
-        "info": json.dumps(info(body, request, images, job)),
+        "parameters": parameters(body, used),
+        "info": json.dumps(used),
     })  # fmt: skip
 
 
@@ -164,6 +166,13 @@ async def interrupt(jobs: A1111Jobs) -> dict:
         job.interrupted = True
         job.task.cancel()  # closes the GenerateImage stream: the diffusion loop stops after its current step
     return {}
+
+
+@router.post("/skip")
+async def skip(jobs: A1111Jobs) -> None:
+    """A1111 skips the current image and goes on with the batch; one GenerateImage stream cannot go on after
+    a cancel, so here skip stops the current job as /interrupt does (answered with A1111's null)."""
+    await interrupt(jobs)
 
 
 @router.get("/samplers")

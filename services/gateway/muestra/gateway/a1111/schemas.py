@@ -8,16 +8,19 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from muestra.gateway.openai.errors import OpenAIError
+
 UINT32_MAX = 2**32 - 1
 
 
 class A1111Error(Exception):
     """An error response in A1111's shape: {"detail": detail} with `status`."""
 
-    def __init__(self, status: int, detail: Any) -> None:
+    def __init__(self, status: int, detail: Any, headers: dict[str, str] | None = None) -> None:
         super().__init__(str(detail))
         self.status = status
         self.detail = detail
+        self.headers = headers
 
 
 class Txt2ImgRequest(BaseModel):
@@ -68,6 +71,10 @@ class Img2ImgRequest(Txt2ImgRequest):
     include_init_images: bool = False
 
 
+class PngInfoRequest(BaseModel):
+    image: str
+
+
 OFF_FEATURES = (
     ("enable_hr", "hires fix"),
     ("restore_faces", "face restoration"),
@@ -85,7 +92,10 @@ def _validation_detail(exc: ValidationError) -> list[dict]:
 
 async def read_body(http: Request, model: Any) -> Any:
     """The JSON body as `model`; A1111's 422 with FastAPI's list of errors when it does not validate."""
-    raw = await http.body()
+    try:
+        raw = await http.body()
+    except OpenAIError as exc:  # the Edge's limit on the body, met while it is read
+        raise A1111Error(exc.status, exc.message) from None
     try:
         data = json.loads(raw or b"null")
     except ValueError as exc:

@@ -1,0 +1,109 @@
+"""The A1111 routes clients read at start-up or on demand, answered truthfully: an empty list of what muestra
+has none of, png-info from the PNG's "parameters" chunk, memory of this gateway process."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+
+from fastapi import APIRouter, Request
+from PIL import Image, UnidentifiedImageError
+
+from muestra.gateway.a1111.convert import decode_b64
+from muestra.gateway.a1111.schemas import A1111Error, PngInfoRequest, read_body
+
+router = APIRouter(prefix="/sdapi/v1")
+# One "key: value" of an infotext's last line (A1111's modules/infotext_utils.py re_param).
+PAIR = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+SIZE = re.compile(r"^(\d+)x(\d+)$")
+
+
+def _none() -> list:
+    return []
+
+
+# What A1111 lists from its model folders and extensions; muestra has none of these. LoRAs, models and
+# samplers are in routes.py. /artists and /artist-categories are gone from A1111 but webuiapi still asks.
+for _path in (
+    "upscalers", "latent-upscale-modes", "sd-vae", "hypernetworks", "face-restorers", "realesrgan-models",
+    "prompt-styles", "script-info", "artists", "artist-categories",
+):  # fmt: skip
+    router.add_api_route(f"/{_path}", _none, methods=["GET"], name=_path)
+
+
+@router.get("/scripts")
+async def scripts() -> dict:
+    return {"txt2img": [], "img2img": []}
+
+
+@router.get("/embeddings")
+async def embeddings() -> dict:
+    return {"loaded": {}, "skipped": {}}
+
+
+@router.get("/cmd-flags")
+async def cmd_flags() -> dict:
+    """A1111's command-line flags: muestra has none of them (its services' flags are in their READMEs)."""
+    return {}
+
+
+@router.post("/refresh-checkpoints")
+async def refresh_checkpoints() -> None:
+    """A no-op, answered as A1111 answers: the models are the diffusion services the gateway was started with."""
+
+
+@router.get("/memory")
+async def memory() -> dict:
+    """A1111's figures for this gateway process: `used` its resident memory, `total` the machine's, `free` the
+    difference (A1111's arithmetic). The gateway runs no CUDA; the diffusion service is another process."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = page * os.sysconf("SC_PHYS_PAGES")
+        with open("/proc/self/statm") as statm:
+            used = int(statm.read().split()[1]) * page
+        ram = {"free": total - used, "used": used, "total": total}
+    except (OSError, ValueError) as exc:
+        ram = {"error": str(exc)}
+    return {"ram": ram, "cuda": {"error": "unavailable: the gateway process does not use CUDA"}}
+
+
+def parse_infotext(text: str) -> dict[str, str]:
+    """A1111's parse_generation_parameters: Prompt, Negative prompt, and the last line's pairs (Size as -1/-2)."""
+    *lines, last = text.strip().split("\n")
+    if len(PAIR.findall(last)) < 3:
+        lines, last = [*lines, last], ""
+    prompt, negative, in_negative = [], [], False
+    for line in lines:
+        if not in_negative and line.startswith("Negative prompt:"):
+            in_negative, line = True, line.removeprefix("Negative prompt:").strip()
+        (negative if in_negative else prompt).append(line)
+    parsed = {"Prompt": "\n".join(prompt), "Negative prompt": "\n".join(negative)}
+    for key, value in PAIR.findall(last):
+        if value.startswith('"'):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        size = SIZE.match(value)
+        if size:
+            parsed[f"{key}-1"], parsed[f"{key}-2"] = size.groups()
+        else:
+            parsed[key] = value
+    return parsed
+
+
+@router.post("/png-info")
+async def png_info(http: Request) -> dict:
+    """The "parameters" text chunk the diffusion service writes, parsed; the image's other text in `items`."""
+    body = await read_body(http, PngInfoRequest)
+    if not body.image.strip():
+        return {"info": "", "items": {}, "parameters": {}}
+    try:
+        image = Image.open(io.BytesIO(decode_b64("image", body.image)))
+    except (UnidentifiedImageError, OSError):
+        raise A1111Error(400, "image: not a PNG, JPEG or WebP image") from None
+    items = {key: value for key, value in image.info.items() if isinstance(value, str)}
+    text = items.pop("parameters", "")
+    return {"info": text, "items": items, "parameters": parse_infotext(text) if text else {}}

@@ -29,6 +29,7 @@ def test_inpainting_with_a_lora_from_the_cli_equals_the_direct_request(image_sta
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "(64x64, seed 61)" in result.stdout
+    assert result.stderr == ""  # standard error is no terminal here: no progress bar
     [direct] = generate(
         image_stack.diffusion.address, prompt="a cat", init_image=init.read_bytes(), mask_image=mask.read_bytes(),
         strength=0.6, mask_blur=2, loras=[diffusion_pb2.LoraWeight(name="ink", weight=0.8)], steps=5, seed=61,

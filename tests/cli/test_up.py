@@ -227,3 +227,28 @@ def test_services_stop_by_themselves_when_muestra_up_is_killed(tmp_path):
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(pid)
+
+
+def test_each_stack_has_its_own_state_file_and_the_newest_is_the_default(tmp_path):
+    env = {"MUESTRA_REDIS_URL": "redis://127.0.0.1:9/0"}  # no redis-server: only the tokenizer starts
+    older, older_services, lines = start_up(tmp_path / "older", "--only", "tokenizer", env=env)
+    newer, newer_services, more_lines = start_up(tmp_path / "newer", "--only", "tokenizer", env=env)
+    try:
+        assert "tokenizer" in older_services and "tokenizer" in newer_services, "\n".join(lines + more_lines)
+        state_dir = Path(os.environ["MUESTRA_STATE_DIR"])
+        keys = {path.stem for path in state_dir.glob("*.json")}
+        assert keys == {address.rpartition(":")[2] for address, _ in (older_services["tokenizer"],
+                                                                       newer_services["tokenizer"])}  # fmt: skip
+        listed = muestra("up", "--list", timeout=60).stdout.splitlines()
+        assert len(listed) == 2, listed
+        assert "(the default)" in listed[0] and newer_services["tokenizer"][0] in listed[0]
+        assert older_services["tokenizer"][0] in listed[1]
+        # The older stack's tokenizer is asked with the older stack's internal token, found through its file.
+        result = muestra("tokenize", "El cielo", "--tokenizer", older_services["tokenizer"][0], "--json", timeout=60)
+        assert result.returncode == 0, result.stderr
+    finally:
+        for proc in (newer, older):
+            proc.send_signal(signal.SIGINT)
+            finish(proc)
+    assert list(state_dir.glob("*.json")) == []
+    assert "no `muestra up` is running" in muestra("up", "--list", timeout=60).stdout

@@ -3,11 +3,14 @@
     .venv/bin/python -m bench.replays                       # 200 sampled + 50 greedy under 32 streams
     .venv/bin/python -m bench.replays --requests 40 --concurrency 8 --max-tokens 24
 
-Starts the stack on loopback (bench.stack, default text model), sends `--requests` seeded sampled
+Starts the stack on loopback (bench.stack, the tests' text fixture), sends `--requests` seeded sampled
 requests (temperature 1.0, distinct prompts and seeds, `--max-tokens` each, EOS ignored) and
 `--greedy` greedy ones, `--concurrency` at a time, then replays every one of them alone, one after
 another. Prints how many replays differ, where the first differing token was, and the same for the
-greedy control; `--json` writes the report.
+greedy control, and for each one that differs its seed, the first differing token and how many prompt
+tokens each run took from the prefix cache; `--json` writes the report. `--no-prefix-cache` sends every
+request with disable_prefix_cache: a prefix-cache hit computes the prompt's tail after a cached past,
+which rounds in the last bits unlike a whole prefill (docs/architecture.md, "Determinism under load").
 """
 
 from __future__ import annotations
@@ -32,23 +35,32 @@ from muestra.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
 WORDS = "el cielo es azul y la noche cae sobre la ciudad mientras los gatos duermen".split()
 
 
-def request(i: int, max_tokens: int, greedy: bool) -> gateway_pb2.GenerateRequest:
+def request(i: int, max_tokens: int, greedy: bool, prefix_cache: bool = True) -> gateway_pb2.GenerateRequest:
     prompt = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(3 + i % 17))
     chain = [gateway_pb2.SamplerSpec(name="greedy")] if greedy else []
     message = gateway_pb2.GenerateRequest(
-        prompt=prompt, max_tokens=max_tokens, ignore_eos=True, seed=1000 + i, samplers=chain
-    )
+        prompt=prompt, max_tokens=max_tokens, ignore_eos=True, seed=1000 + i, samplers=chain,
+        disable_prefix_cache=not prefix_cache,
+    )  # fmt: skip
     if not greedy:
         message.samplers.add(name="temperature").params.update({"temperature": 1.0})
         message.samplers.add(name="sample")
     return message
 
 
-async def tokens(stub, message: gateway_pb2.GenerateRequest) -> list[int]:
-    ids: list[int] = []
+class Tokens(list):
+    """A request's token ids, and how many of its prompt tokens came from the prefix cache."""
+
+    cached_tokens = 0
+
+
+async def tokens(stub, message: gateway_pb2.GenerateRequest) -> Tokens:
+    ids = Tokens()
     async for reply in stub.Generate(message, timeout=600):
         if reply.HasField("delta"):
             ids.extend(reply.delta.token_ids)
+        else:
+            ids.cached_tokens = reply.done.usage.cached_tokens
     return ids
 
 
@@ -78,6 +90,18 @@ async def run(address: str, messages: list[tuple[str, gateway_pb2.GenerateReques
             "requests": len(pairs),
             "different": len(firsts),
             "first_difference_median": statistics.median(firsts) if firsts else None,
+            # Which ones: their seeds, the first differing token, and the two continuations from there.
+            "differing": [
+                {
+                    "seed": m.seed,
+                    "at": d,
+                    "under_load": a[d : d + 4],
+                    "alone": b[d : d + 4],
+                    "cached_tokens": [a.cached_tokens, b.cached_tokens],
+                }
+                for (k, m), a, b in zip(messages, loaded, alone, strict=True)
+                if k == kind and (d := first_difference(a, b)) is not None
+            ],
         }
     return report
 
@@ -90,9 +114,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--json", default=None, help="also write the report here")
     parser.add_argument("--log-dir", default=None, help="keep the services' logs here (default: a temporary folder)")
+    parser.add_argument(
+        "--no-prefix-cache", action="store_true", help="send every request with disable_prefix_cache (a control)"
+    )
     args = parser.parse_args()
-    messages = [("sampled", request(i, args.max_tokens, False)) for i in range(args.requests)]
-    messages += [("greedy", request(args.requests + i, args.max_tokens, True)) for i in range(args.greedy)]
+    cache = not args.no_prefix_cache
+    messages = [("sampled", request(i, args.max_tokens, False, cache)) for i in range(args.requests)]
+    messages += [("greedy", request(args.requests + i, args.max_tokens, True, cache)) for i in range(args.greedy)]
     with tempfile.TemporaryDirectory(prefix="muestra-replays-") as logs:
         stack = LocalStack(Path(args.log_dir or logs), image_model=None)
         try:
@@ -104,6 +132,12 @@ def main() -> None:
         r = report[kind]
         where = f", first differing token at {r['first_difference_median']} (median)" if r["different"] else ""
         print(f"{kind}: {r['different']} of {r['requests']} replays alone differ from the run under load{where}")
+        for d in r["differing"]:
+            print(
+                f"  seed {d['seed']}: token {d['at']}, under load {d['under_load']}, alone {d['alone']};"
+                f" prompt tokens from the prefix cache: {d['cached_tokens'][0]} under load,"
+                f" {d['cached_tokens'][1]} alone"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -32,6 +32,12 @@ def _forward(decoder: OnnxDecoder, kv: KV, ids: np.ndarray, lengths: np.ndarray)
     return logits, kv.after_step(presents), us
 
 
+def _runs(ids: np.ndarray) -> list[slice]:
+    """Sorted ids as slices of consecutive ids: padding rows past a tokenizer's vocabulary are one."""
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    return [slice(int(run[0]), int(run[-1]) + 1) for run in np.split(ids, breaks)]
+
+
 @dataclasses.dataclass
 class Batch:
     request_ids: list[str]
@@ -56,16 +62,22 @@ class Batch:
         """Set every row's suppressed ids to -inf in its logits ([rows, vocab], changed in place); rows
         where `unless` is true (a step's allowed-token mask decides for them) are left alone."""
         if self._suppressed_at is None or self._suppressed_at[0] is not self.suppressed:
-            rows = np.repeat(np.arange(len(self.suppressed)), [ids.size for ids in self.suppressed])
-            cols = np.concatenate(self.suppressed) if self.suppressed else NO_IDS
-            self._suppressed_at = (self.suppressed, rows, cols)
-        _, rows, cols = self._suppressed_at
-        if not rows.size:
-            return
-        if unless is not None and any(unless):
-            kept = ~np.asarray(unless, dtype=bool)[rows]
-            rows, cols = rows[kept], cols[kept]
-        logits[rows, cols] = -np.inf
+            # Rows sharing one array (the engine hands equal sets out as one object) are set together.
+            groups: dict[int, tuple[np.ndarray, list[int]]] = {}
+            for row, ids in enumerate(self.suppressed):
+                if ids.size:
+                    groups.setdefault(id(ids), (ids, []))[1].append(row)
+            self._suppressed_at = (self.suppressed, [(np.asarray(rows), _runs(ids)) for ids, rows in groups.values()])
+        skip = np.asarray(unless, dtype=bool) if unless is not None and any(unless) else None
+        for rows, runs in self._suppressed_at[1]:
+            if skip is not None:
+                rows = rows[~skip[rows]]
+            if rows.size == self.rows:
+                for run in runs:
+                    logits[:, run] = -np.inf
+            elif rows.size:
+                for run in runs:
+                    logits[rows, run] = -np.inf
 
     @classmethod
     def from_prefill(

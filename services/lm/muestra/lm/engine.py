@@ -24,6 +24,8 @@ from muestra.runtime.errors import InvalidArgument, ResourceExhausted, check_lim
 from muestra.v1 import lm_pb2
 
 _KINDS = (lm_pb2.OUTPUT_KIND_UNSPECIFIED, lm_pb2.LOGITS, lm_pb2.TOP_N, lm_pb2.ARGMAX)
+# Distinct suppressed-id sets kept for sharing (usually one per model, or a few with stop ids).
+_SUPPRESSED_SETS = 64
 
 
 @dataclasses.dataclass
@@ -93,6 +95,7 @@ class Engine:
         self._leases: dict[str, tuple[str, float]] = {}
         self._kv_bytes = 0
         self._rows = 0
+        self._suppressed_sets: dict[bytes, np.ndarray] = {}
 
     def load(self) -> Load:
         return Load(len(self.batches), self._rows, self._kv_bytes, self.kv_budget_bytes)
@@ -120,7 +123,14 @@ class Engine:
         ids = np.fromiter(ids, dtype=np.int64, count=len(ids))
         check_limit(field, ids.size, 0, self.info.vocab_size)
         self.check_ids(field, ids)
-        return np.unique(ids) if ids.size else NO_IDS
+        if not ids.size:
+            return NO_IDS
+        ids = np.unique(ids)
+        # Rows with equal sets share one array, so a step suppresses them with one assignment.
+        key = ids.tobytes()
+        if key not in self._suppressed_sets and len(self._suppressed_sets) >= _SUPPRESSED_SETS:
+            self._suppressed_sets.clear()
+        return self._suppressed_sets.setdefault(key, ids)
 
     def check_ids(self, field: str, ids: np.ndarray) -> None:
         if ids.size and int(ids.max()) >= self.info.vocab_size:

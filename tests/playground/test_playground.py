@@ -18,6 +18,7 @@ import pytest
 from google.protobuf import json_format
 from PIL import Image
 
+from muestra.gateway.sampling import default_specs
 from muestra.v1 import gateway_pb2
 
 STATIC = resources.files("muestra.gateway.playground") / "static"
@@ -36,6 +37,11 @@ def wait_finished(page, stats_selector: str, timeout_s: float = 60) -> str:
     return page.eval_on_selector(stats_selector, "el => el.dataset.finish")
 
 
+def wait_answers(page, count: int) -> None:
+    """Until `count` chat answers have finished (or failed)."""
+    page.wait_for_function(f"() => document.querySelectorAll('#chat-log .stats[data-finish]').length === {count}")
+
+
 def sent_bodies(page, path: str) -> list[dict]:
     """Every JSON body the page POSTs to `path` from now on (a live list)."""
     bodies: list[dict] = []
@@ -49,6 +55,27 @@ def chain_of(page) -> list[str]:
 
 def png_pixels(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def add_sampler(page, name: str) -> None:
+    page.select_option("#chain-add-name", name)
+    page.click("#chain-add")
+
+
+def sampling_chain(page) -> None:
+    """temperature 0.8, top_p 0.95, sample: in place of the tiny model's greedy chain."""
+    for name in ("temperature", "top_p", "sample"):
+        add_sampler(page, name)
+    page.locator("#chain-steps > li[data-name='temperature'] input[name='temperature']").fill("0.8")
+    page.locator("#chain-steps > li[data-name='top_p'] input[name='top_p']").fill("0.95")
+
+
+def model_card(openai_stack) -> dict:
+    reply = httpx.get(
+        openai_stack.base_url + f"/models/{openai_stack.text_model}", timeout=30,
+        headers={"Authorization": f"Bearer {openai_stack.api_key}"},
+    )  # fmt: skip
+    return reply.json()
 
 
 def test_the_shipped_files_are_small_and_need_no_key(playground_url):
@@ -97,6 +124,8 @@ def test_a_chat_message_streams_token_by_token_and_equals_the_api(page, openai_s
     set_field(page, "#text-seed", SEED)
     page.check("#text-same-seed")
     page.check("#text-ignore-eos")
+    # Sampled, as the playground's old default chain did (the tiny model's own is greedy).
+    sampling_chain(page)
     # Each time the page changes, note how much of the answer is showing.
     page.evaluate(
         """() => {
@@ -139,12 +168,20 @@ def test_a_chat_message_streams_token_by_token_and_equals_the_api(page, openai_s
 
 
 def test_the_sampler_editor_lists_the_third_party_plugin_and_sends_it(page, openai_stack, screenshots):
-    options = page.eval_on_selector_all("#chain-add-name option", "els => els.map(el => el.value)")
+    options = page.eval_on_selector_all("#chain-add-name option", "els => els.map(el => el.textContent)")
     assert "mirostat" in options and "top_p" in options
-    assert chain_of(page) == ["temperature", "top_p", "sample"]
-    page.click("#chain-steps > li[data-name='sample'] button[data-action='remove']")
+    assert all(" " not in label for label in options), f"an option shows more than the sampler's name: {options}"
     page.select_option("#chain-add-name", "mirostat")
-    page.click("#chain-add")
+    assert "picks the token" in page.text_content("#chain-about")
+    # New processors go before the step that picks the token; a new selector takes that step's place.
+    assert chain_of(page) == ["greedy"]  # the tiny model's generation_config.json samples greedily
+    add_sampler(page, "temperature")
+    add_sampler(page, "top_p")
+    assert chain_of(page) == ["temperature", "top_p", "greedy"]
+    add_sampler(page, "mirostat")
+    assert chain_of(page) == ["temperature", "top_p", "mirostat"]
+    page.locator("#chain-steps > li[data-name='temperature'] input[name='temperature']").fill("0.8")
+    page.locator("#chain-steps > li[data-name='top_p'] input[name='top_p']").fill("0.95")
     # Its parameters come from its JSON Schema, with their defaults and descriptions.
     mirostat = page.locator("#chain-steps > li[data-name='mirostat']")
     assert mirostat.locator("input[name='tau']").input_value() == "5"
@@ -181,14 +218,70 @@ def test_the_sampler_editor_lists_the_third_party_plugin_and_sends_it(page, open
     assert page.text_content("#complete-out .generated") == reference.choices[0].text
     # A different chain is a different request: without mirostat's low tau the text changes.
     page.click("#chain-steps > li[data-name='mirostat'] button[data-action='remove']")
-    page.select_option("#chain-add-name", "sample")
-    page.click("#chain-add")
+    add_sampler(page, "sample")
     page.click("#complete-regenerate")
     wait_finished(page, "#complete-stats")
     assert bodies[1]["samplers"][-1] == {"name": "sample", "params": {}}
 
 
+def test_a_sampler_added_to_the_models_chain_lands_before_the_token_pick_and_the_request_succeeds(page):
+    bodies = sent_bodies(page, "/v1/chat/completions")
+    add_sampler(page, "mirostat")
+    add_sampler(page, "top_k")
+    assert chain_of(page) == ["top_k", "mirostat"]
+    add_sampler(page, "repetition_penalty")
+    assert chain_of(page) == ["top_k", "repetition_penalty", "mirostat"]
+    set_field(page, "#max-tokens", 8)
+    page.fill("#chat-input", "hello")
+    page.press("#chat-input", "Enter")
+    assert wait_finished(page, "#chat-log .message.assistant .stats") in ("length", "stop")
+    assert page.is_hidden("#alert")
+    assert [s["name"] for s in bodies[0]["samplers"]] == ["top_k", "repetition_penalty", "mirostat"]
+
+
+def test_the_chain_starts_as_the_models_generation_config(page, openai_stack, tiny_lm):
+    config = json.loads((tiny_lm("llama").onnx_dir / "generation_config.json").read_text())
+    card = model_card(openai_stack)
+    assert card["default_samplers"] == default_specs(config)
+    assert chain_of(page) == [spec["name"] for spec in card["default_samplers"]]
+
+    # A model whose generation_config.json has a repetition penalty and sampling settings: the page shows
+    # all of them, with their values, and sends them.
+    own = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.3}
+
+    def with_settings(route):
+        reply = route.fetch()
+        listing = reply.json()
+        for entry in listing["data"]:
+            if entry["kind"] == "text":
+                entry["default_samplers"] = default_specs(own)
+        route.fulfill(response=reply, json=listing)
+
+    page.route("**/v1/models", with_settings)
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#chain-steps > li').length > 1")
+    assert chain_of(page) == ["repetition_penalty", "temperature", "top_k", "top_p", "sample"]
+    penalty = page.locator("#chain-steps > li[data-name='repetition_penalty'] input[name='repetition_penalty']")
+    assert penalty.input_value() == "1.3"
+    bodies = sent_bodies(page, "/v1/completions")
+    page.click("#tab-complete")
+    page.fill("#complete-prompt", "Once upon a time")
+    set_field(page, "#max-tokens", 8)
+    page.click("#complete-send")
+    assert wait_finished(page, "#complete-stats") in ("length", "stop")
+    sent = bodies[0]["samplers"]
+    assert sent[:2] == [
+        {"name": "repetition_penalty", "params": {"repetition_penalty": 1.3}},
+        {"name": "temperature", "params": {"temperature": 0.6}},
+    ]
+    # Edited, the chain stays; "The model's chain" puts the model's back.
+    page.click("#chain-steps > li[data-name='temperature'] button[data-action='remove']")
+    page.click("#chain-reset")
+    assert chain_of(page) == ["repetition_penalty", "temperature", "top_k", "top_p", "sample"]
+
+
 def test_an_invalid_parameter_shows_the_apis_message(page, openai_stack):
+    add_sampler(page, "temperature")
     page.locator("#chain-steps > li[data-name='temperature']").locator("input[name='temperature']").fill("500")
     bodies = sent_bodies(page, "/v1/chat/completions")
     page.fill("#chat-input", "hello")
@@ -213,18 +306,24 @@ def test_an_image_shows_previews_then_the_pixels_the_api_gives(page, openai_stac
     set_field(page, "#image-height", 64)
     set_field(page, "#image-steps", 4)
     set_field(page, "#image-guidance", 5)
-    set_field(page, "#image-seed", 7)
-    page.check("#image-same-seed")
+    set_field(page, "#image-seed", 7)  # typed: used without "Same seed every time"
+    # Every value the preview's src takes, however the observer's callbacks batch them: each record's old
+    # value is the one before it, and the last one is still there at the end.
     page.evaluate(
         """() => {
-            window.previews = [];
-            new MutationObserver(() => window.previews.push(document.getElementById('image-preview').src))
-                .observe(document.getElementById('image-preview'), {attributes: true, attributeFilter: ['src']});
+            window.previousSrcs = [];
+            new MutationObserver(records => window.previousSrcs.push(...records.map(r => r.oldValue)))
+                .observe(document.getElementById('image-preview'),
+                         {attributes: true, attributeFilter: ['src'], attributeOldValue: true});
         }"""
     )
+    bodies = sent_bodies(page, "/v1/images/generations")
     page.click("#image-generate")
     page.wait_for_selector("#gallery figure img", timeout=120_000)
-    previews = page.evaluate("window.previews")
+    page.wait_for_function("() => document.getElementById('image-progress-label').textContent.startsWith('Done')")
+    previews = [*page.evaluate("window.previousSrcs")[1:], page.get_attribute("#image-preview", "src")]
+    assert bodies[0]["seed"] == 7 and bodies[0]["preview_every"] == 1
+    assert len(previews) == 4, "one preview per step (preview_every 1, 4 steps)"
     assert len(set(previews)) >= 2, "fewer than two distinct previews were shown"
     src = page.get_attribute("#gallery figure img", "src")
     shown = base64.b64decode(src.split(",", 1)[1])
@@ -242,6 +341,7 @@ def test_an_image_shows_previews_then_the_pixels_the_api_gives(page, openai_stac
     page.fill("#image-prompt", "something else")
     set_field(page, "#image-steps", 9)
     page.click("#gallery figure button")
+    assert page.is_checked("#image-same-seed")
     assert page.input_value("#image-prompt") == "a red circle"
     assert page.input_value("#image-steps") == "4" and page.input_value("#image-seed") == "7"
     assert page.input_value("#image-width") == "64"
@@ -338,7 +438,7 @@ def test_the_grpc_form_of_the_request_is_a_valid_generate_request(page):
     body = shown.split(" -d '", 1)[1].split("'", 1)[0]
     request = json_format.Parse(body, gateway_pb2.GenerateRequest())
     assert request.messages.messages[0].content == "hi"
-    assert [s.name for s in request.samplers] == ["temperature", "top_p", "sample"]
+    assert [s.name for s in request.samplers] == chain_of(page)
 
 
 @pytest.fixture(autouse=True)
@@ -348,3 +448,99 @@ def _lm_is_idle(openai_stack):
     deadline = time.monotonic() + 10
     while openai_stack.lm_rows() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def test_a_typed_seed_is_used_and_an_empty_one_is_drawn_each_time(page, openai_stack):
+    bodies = sent_bodies(page, "/v1/chat/completions")
+    set_field(page, "#max-tokens", 4)
+
+    def send() -> dict:
+        page.fill("#chat-input", "hi")
+        page.press("#chat-input", "Enter")
+        wait_answers(page, len(bodies))
+        return bodies[-1]
+
+    set_field(page, "#text-seed", 99)
+    assert send()["seed"] == 99 and send()["seed"] == 99
+    page.fill("#text-seed", "")
+    drawn = send()["seed"]
+    assert page.input_value("#text-seed") == str(drawn)  # the page shows which seed it drew
+    assert send()["seed"] != drawn  # without "Same seed every time", a drawn seed is drawn again
+    page.check("#text-same-seed")
+    kept = int(page.input_value("#text-seed"))
+    assert send()["seed"] == kept
+
+
+def test_a_batch_shows_its_images_in_order_and_a_newer_batch_first(page, openai_stack):
+    page.click("#tab-images")
+    page.fill("#image-prompt", "a red circle")
+    for field, value in (("#image-width", 64), ("#image-height", 64), ("#image-steps", 2), ("#image-n", 3)):
+        set_field(page, field, value)
+    set_field(page, "#image-seed", 11)
+    page.click("#image-generate")
+    page.wait_for_function("() => document.getElementById('image-progress-label').textContent.startsWith('Done')")
+    set_field(page, "#image-n", 1)
+    set_field(page, "#image-seed", 12)
+    page.click("#image-generate")
+    page.wait_for_function("() => document.querySelectorAll('#gallery figure').length === 4", timeout=120_000)
+    shown = page.eval_on_selector_all("#gallery figure img", "els => els.map(el => el.src.split(',')[1])")
+    with openai_stack.client(max_retries=0, timeout=120) as client:
+        batch = client.images.generate(
+            prompt="a red circle", size="64x64", n=3, response_format="b64_json",
+            extra_body={"steps": 2, "seed": 11, "guidance_scale": 7},
+        )  # fmt: skip
+    expected = [png_pixels(base64.b64decode(image.b64_json)) for image in batch.data]
+    for index, (got, want) in enumerate(zip(shown[1:], expected, strict=True)):
+        np.testing.assert_array_equal(png_pixels(base64.b64decode(got)), want, err_msg=f"image {index + 1}")
+
+
+CONTEXT_TURNS = 8
+
+
+def test_a_long_chat_fits_the_context_and_clear_starts_over(page, openai_stack):
+    """The tiny model has a 512-token context: 150-token answers fill it by the third turn."""
+    bodies = sent_bodies(page, "/v1/chat/completions")
+    page.fill("#chat-system", "Be brief.")
+    set_field(page, "#max-tokens", 150)
+    page.check("#text-ignore-eos")
+    for turn in range(1, CONTEXT_TURNS + 1):
+        page.fill("#chat-input", f"Question number {turn}: tell me more.")
+        page.press("#chat-input", "Enter")
+        wait_answers(page, turn)
+        finish = page.eval_on_selector_all("#chat-log .stats", "els => els.map(el => el.dataset.finish)")[-1]
+        assert finish == "length", f"turn {turn}: {page.text_content('#alert-text')}"
+    sent = [body["messages"] for body in bodies]
+    assert all(messages[0] == {"role": "system", "content": "Be brief."} for messages in sent)
+    assert all(messages[-1]["content"].startswith(f"Question number {turn}") for turn, messages in enumerate(sent, 1))
+    assert len(sent[-1]) < 2 * CONTEXT_TURNS, "the oldest turns were not left out"
+    notes = page.eval_on_selector_all("#chat-log .note", "els => els.map(el => el.textContent)")
+    assert notes and "512-token context" in notes[-1] and "system prompt" in notes[-1]
+    answers = page.eval_on_selector_all("#chat-log .message.assistant .text", "els => els.map(el => el.textContent)")
+    assert all(not answer.startswith("\n") for answer in answers), "an answer starts with an empty line"
+
+    page.click("#chat-clear")
+    assert page.eval_on_selector_all("#chat-log > *", "els => els.length") == 0
+    page.fill("#chat-input", "A fresh start.")
+    page.press("#chat-input", "Enter")
+    wait_answers(page, 1)
+    assert [m["role"] for m in bodies[-1]["messages"]] == ["system", "user"]
+    assert page.eval_on_selector_all("#chat-log .note", "els => els.length") == 0
+
+
+def test_the_curl_box_breaks_lines_between_words(page):
+    page.fill("#chat-input", "hi")
+    page.click("#equivalent summary")
+    url = page.text_content("#eq-code").split()[2]
+    assert url.endswith("/v1/chat/completions")
+    lines = page.evaluate(
+        """url => {
+            const node = document.getElementById('eq-code').firstChild;
+            const range = document.createRange();
+            const at = node.textContent.indexOf(url);
+            range.setStart(node, at);
+            range.setEnd(node, at + url.length);
+            return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size;
+        }""",
+        url,
+    )
+    assert lines == 1, "the URL is broken across lines"

@@ -15,8 +15,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
-from muestra.gateway.openai.errors import from_muestra
-from muestra.gateway.openai.state import Servicer
 from muestra.runtime.errors import MuestraError
 from muestra.v1 import common_pb2, gateway_pb2
 
@@ -96,7 +94,10 @@ class TokenizeBody(BaseModel):
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeBody, servicer: Servicer) -> dict:
+async def tokenize(body: TokenizeBody, http: Request) -> dict:
+    # Imported here: the openai package imports this one (its Edge lets the page's files through).
+    from muestra.gateway.openai.errors import from_muestra
+
     request = gateway_pb2.TokenizeRequest(model=body.model)
     if body.messages is not None:
         chat = [common_pb2.ChatMessage(role=m.role, content=m.content) for m in body.messages]
@@ -105,7 +106,7 @@ async def tokenize(body: TokenizeBody, servicer: Servicer) -> dict:
         request.prompt = body.prompt
         request.add_special_tokens = body.add_special_tokens
     try:
-        reply = await servicer.Tokenize(request, None)
+        reply = await http.app.state.servicer.Tokenize(request, None)
     except MuestraError as exc:
         raise from_muestra(exc) from None
     return {"count": len(reply.ids), "max_model_len": reply.context_length, "tokens": list(reply.ids)}

@@ -333,7 +333,7 @@ const OPENAI_FIELDS = {
 export function snippets(path, body) {
   const origin = window.location.origin;
   const auth = apiKey() ? ` \\\n  -H "Authorization: Bearer $MUESTRA_API_KEY"` : "";
-  const curl = `curl -N ${origin}${path} \\\n  -H 'Content-Type: application/json'${auth} \\\n  -d ${shellQuote(JSON.stringify(body))}`;
+  const curl = `curl -N ${origin}${path} \\\n  -H 'Content-Type: application/json'${auth} \\\n  -d ${shellQuote(JSON.stringify(body, null, 1))}`;
 
   const chat = path === "/v1/chat/completions";
   const own = OPENAI_FIELDS[path];

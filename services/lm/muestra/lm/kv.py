@@ -79,13 +79,7 @@ class ConcatKV:
         if len(pasts) == 1 and all(a.flags.c_contiguous for a in pasts[0]):
             # One row needs no padding (a prefix-cache hit runs alone): its arrays are used as they are.
             return cls([to_device(a[None]) for a in pasts[0]])
-        joined = []
-        for t in range(len(pasts[0])):
-            heads, _, dim = pasts[0][t].shape
-            out = np.zeros((len(pasts), heads, width, dim), pasts[0][t].dtype)
-            for row, past in enumerate(pasts):
-                out[row, :, width - past[t].shape[1] :] = past[t]
-            joined.append(out)
+        joined = _stacked([[a[None] for a in past] for past in pasts], len(pasts), width, left_padded=True)
         return cls([to_device(a) for a in joined])
 
     def feeds(self, lengths: np.ndarray, new: int) -> tuple[np.ndarray, np.ndarray]:
@@ -155,13 +149,7 @@ class SharedKV:
     def from_rows(cls, pasts: Sequence[list[np.ndarray]], to_device: ToDevice, limit: int, hold: int = 0) -> SharedKV:
         """Rows from per-row tensors [kv_heads, length, head_dim] (length may be 0), right-padded."""
         capacity = cls.capacity_for(max(hold, *(p[0].shape[1] for p in pasts)), limit)
-        joined = []
-        for t in range(len(pasts[0])):
-            heads, _, dim = pasts[0][t].shape
-            out = np.zeros((len(pasts), heads, capacity, dim), pasts[0][t].dtype)
-            for row, past in enumerate(pasts):
-                out[row, :, : past[t].shape[1]] = past[t]
-            joined.append(out)
+        joined = _stacked([[a[None] for a in past] for past in pasts], len(pasts), capacity, left_padded=False)
         return cls([to_device(a) for a in joined])
 
     def feeds(self, lengths: np.ndarray, new: int) -> tuple[np.ndarray, np.ndarray]:

@@ -45,6 +45,8 @@ def chat_prompt_ids(tokenizer, messages) -> list[int]:
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+    """generate(do_sample=False), with the suppression of special tokens the gateway applies by default."""
+    kwargs.setdefault("suppress_tokens", tiny_llama_suppressed(model))
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
         out = model.generate(
@@ -54,6 +56,11 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> li
     generated = out[0, len(prompt_ids) :].tolist()
     eos = model.generation_config.eos_token_id
     return generated[: generated.index(eos) + 1] if eos in generated else generated
+
+
+def tiny_llama_suppressed(model) -> list[int]:
+    """The gateway's default suppression for the tiny llama: <|pad|> (1) and the ids past its tokenizer's 538."""
+    return [1, *range(538, model.config.vocab_size)]
 
 
 def text_in_context(tokenizer, prompt_ids: list[int], generated: list[int]) -> str:
@@ -130,6 +137,7 @@ def test_chat_logprobs_are_the_log_softmax_of_the_model_logits(client, stack, re
     generated = hf_greedy(model, prompt_ids, 4, min_new_tokens=4)
     with torch.no_grad():
         logits = model(torch.tensor([prompt_ids + generated])).logits[0].double()
+    logits[:, tiny_llama_suppressed(model)] = -math.inf
     expected = torch.log_softmax(logits, dim=-1)
     entries = response.choices[0].logprobs.content
     assert len(entries) == 4
@@ -154,7 +162,9 @@ def test_completion_logprobs_use_the_legacy_format(client, stack, reference):
     prompt_ids = tokenizer(PROMPT).input_ids
     generated = hf_greedy(model, prompt_ids, 5, min_new_tokens=5)
     with torch.no_grad():
-        expected = torch.log_softmax(model(torch.tensor([prompt_ids + generated])).logits[0].double(), dim=-1)
+        logits = model(torch.tensor([prompt_ids + generated])).logits[0].double()
+    logits[:, tiny_llama_suppressed(model)] = -math.inf
+    expected = torch.log_softmax(logits, dim=-1)
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 5
     for step, token_logprob in enumerate(logprobs.token_logprobs):
         assert math.isclose(token_logprob, expected[len(prompt_ids) - 1 + step, generated[step]].item(), abs_tol=1e-4)

@@ -370,6 +370,7 @@ def test_without_the_key_the_page_gets_no_data(browser, playground_url, openai_s
 
 def test_stop_cancels_the_generation(page, openai_stack):
     assert openai_stack.lm_rows() == 0
+    sampling_chain(page)  # the tiny model's greedy chain can finish 400 tokens before Stop
     set_field(page, "#max-tokens", 400)
     page.check("#text-ignore-eos")
     page.fill("#chat-input", "Go on for as long as you can.")
@@ -455,9 +456,11 @@ def test_a_typed_seed_is_used_and_an_empty_one_is_drawn_each_time(page, openai_s
     set_field(page, "#max-tokens", 4)
 
     def send() -> dict:
+        sent = len(bodies)
         page.fill("#chat-input", "hi")
         page.press("#chat-input", "Enter")
-        wait_answers(page, len(bodies))
+        wait_answers(page, sent + 1)
+        assert len(bodies) == sent + 1
         return bodies[-1]
 
     set_field(page, "#text-seed", 99)

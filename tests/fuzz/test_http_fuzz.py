@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import time
 
 import httpx2 as httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from muestra.gateway.openai.schemas import (
@@ -26,6 +28,7 @@ from muestra.gateway.openai.schemas import (
 )
 from tests.fuzz.conftest import FUZZ, TEXT_MODEL, tally, unharmed
 from tests.fuzz.protofuzz import json_values
+from tests.http_attacks import Attack, bystander_bound, bystander_latencies
 
 pytestmark = pytest.mark.slow
 HANG_S = 60.0
@@ -186,6 +189,56 @@ def test_hostile_bodies_get_a_4xx_with_an_error_object(fuzz_stack, known, path):
         if status != 200:
             error = json.loads(reply.content)["error"]
             assert error["message"] and error["type"], error
+
+    one()
+    unharmed(fuzz_stack, known)
+
+
+@st.composite
+def chunked_bodies(draw) -> tuple[bytes, int, float]:
+    """(body, chunk size, pause between chunks): a /v1/completions body, valid or not, in chunks of any size."""
+    body = draw(
+        st.sampled_from(
+            [
+                json.dumps({**BASES["/v1/completions"], "max_tokens": 2}).encode(),
+                json.dumps({**BASES["/v1/completions"], "max_tokens": 3, "stream": True}).encode(),
+                b'{"prompt": "' + b"x" * 20_000 + b'"}',
+                b"{" * 3000,
+                b"",
+            ]
+        )
+    )
+    return body, draw(st.sampled_from([1, 2, 3, 17, 4096])), draw(st.sampled_from([0.0, 0.0, 0.001, 0.02]))
+
+
+def test_chunked_and_slow_bodies_get_an_answer_and_nobody_waits(fuzz_stack, known):
+    """Bodies in chunks of 1 byte and up, some paced: each gets a 200 or a 4xx, and a bystander's tiny requests
+    are answered quickly meanwhile (a body parsed a byte at a time must not hold the event loop)."""
+    port = fuzz_stack.http_port
+    bound = bystander_bound(port)
+
+    @settings(FUZZ, max_examples=15)
+    @given(chunked_bodies())
+    def one(example):
+        body, size, pause = example
+
+        def send(sock: socket.socket) -> None:
+            for start in range(0, len(body), size):
+                piece = body[start : start + size]
+                sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                if pause:
+                    time.sleep(pause)
+            sock.sendall(b"0\r\n\r\n")
+
+        headers = "Transfer-Encoding: chunked\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        attack = Attack(port, headers, send)
+        try:
+            latencies = bystander_latencies(port, attack.running)
+        finally:
+            attack.close()
+        tally("HTTP chunked and paced bodies", str(attack.status()))
+        assert attack.status() in ALLOWED, attack.answer[:300]
+        assert max(latencies) < bound, f"bystanders waited {sorted(latencies)[-3:]} (bound {bound:.2f} s)"
 
     one()
     unharmed(fuzz_stack, known)

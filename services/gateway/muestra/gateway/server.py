@@ -203,7 +203,9 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             return list(reply.encodings[0].ids)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and own_deadline:
-                raise DeadlineExceeded("the request's deadline passed while its prompt was being tokenized") from exc
+                raise DeadlineExceeded(
+                    "the request's deadline (timeout_ms, or its call's) passed while its prompt was being tokenized"
+                ) from exc
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise Unavailable(
                     f"tokenizer of {model.name!r} failed: {exc.code().name} {exc.details() or ''}".rstrip()

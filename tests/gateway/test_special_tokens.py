@@ -119,11 +119,13 @@ def test_logprob_tokens_join_to_the_completion_text(text_fixture_tools_stack):
         assert "".join(tokens) == text, f"seed {seed}"
 
 
-def test_allow_special_tokens_over_http(text_fixture_tools_stack):
+@pytest.mark.parametrize("stream", [False, True])
+def test_allow_special_tokens_over_http_shows_them_in_the_content(text_fixture_tools_stack, stream):
     stack = text_fixture_tools_stack
     tokens = []
     for seed in range(4):
-        _, more = chat(stack, seed, False, logit_bias={"0": 30, "2": 30}, allow_special_tokens=True)
+        content, more = chat(stack, seed, stream, logit_bias={"0": 30, "2": 30}, allow_special_tokens=True)
+        assert "".join(more) == content, f"seed {seed}"  # the logprob tokens still join to the content
         tokens.extend(more)
     assert {"<|bos|>", "<|pad|>"} & set(tokens)
 

@@ -81,6 +81,27 @@ def test_streamed_text_with_special_tokens_equals_full_decode(
     stream_every_prefix(tokenizer_stub, kind, id_lists, skip_special_tokens, reference)
 
 
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "unigram"])
+def test_a_stream_may_keep_its_special_tokens_in_a_step_that_skips_them(tokenizer_stub, reference_tokenizers, kind):
+    """DetokenizeStream.skip_special_tokens overrides the step's: two streams of the same ids, one each way."""
+    reference = reference_tokenizers[kind]
+    ids = library_encode(reference, SAMPLE_TEXTS[0], add_special_tokens=True)
+    kept, skipped = DetokenizeState(), DetokenizeState()
+    texts = ["", ""]
+    for step, token in enumerate(ids):
+        request = tokenizer_pb2.DetokenizeStepRequest(model=kind, skip_special_tokens=True)
+        final = step == len(ids) - 1
+        for state in (kept, skipped):
+            state.append(token)
+        request.streams.append(kept.next_stream(final=final, skip_special_tokens=False))
+        request.streams.append(skipped.next_stream(final=final))
+        deltas = tokenizer_stub.DetokenizeStep(request).deltas
+        texts[0] += kept.apply(deltas[0])
+        texts[1] += skipped.apply(deltas[1])
+    assert texts == [library_decode(reference, ids, False), library_decode(reference, ids, True)]
+    assert texts[0] != texts[1]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_streamed_text_equals_full_decode_for_random_ids(tokenizer_stub, reference_tokenizers, kind):
     """Random ids include lone UTF-8 continuation bytes and tokens no encoder would put there."""

@@ -120,16 +120,18 @@ class ApplyChatTemplateResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DetokenizeStream(_message.Message):
-    __slots__ = ("ids", "read_offset", "final", "request_id")
+    __slots__ = ("ids", "read_offset", "final", "request_id", "skip_special_tokens")
     IDS_FIELD_NUMBER: _ClassVar[int]
     READ_OFFSET_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     read_offset: int
     final: bool
     request_id: str
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., read_offset: _Optional[int] = ..., final: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    skip_special_tokens: bool
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., read_offset: _Optional[int] = ..., final: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class DetokenizeStepRequest(_message.Message):
     __slots__ = ("model", "streams", "skip_special_tokens")

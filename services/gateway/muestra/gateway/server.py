@@ -277,6 +277,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             prefix_cache=not request.disable_prefix_cache,
             constraint=constraint,
             suppressed_token_ids=suppressed_token_ids(model, request, constraint),
+            special_tokens_in_text=request.allow_special_tokens,
         )
         return generation, self.routers[model.name]
 

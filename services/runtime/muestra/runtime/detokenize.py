@@ -49,14 +49,20 @@ class DetokenizeState:
         else:
             self.ids.extend(ids)
 
-    def next_stream(self, final: bool = False, request_id: str = "") -> tokenizer_pb2.DetokenizeStream:
-        """The DetokenizeStream for the next DetokenizeStep call (`request_id` names it in the tokenizer's log)."""
-        return tokenizer_pb2.DetokenizeStream(
+    def next_stream(
+        self, final: bool = False, request_id: str = "", skip_special_tokens: bool | None = None
+    ) -> tokenizer_pb2.DetokenizeStream:
+        """The DetokenizeStream for the next DetokenizeStep call (`request_id` names it in the tokenizer's log;
+        `skip_special_tokens`, when given, overrides the step's choice for this stream)."""
+        stream = tokenizer_pb2.DetokenizeStream(
             ids=self.ids[self.prefix_offset :],
             read_offset=self.read_offset - self.prefix_offset,
             final=final,
             request_id=request_id,
         )
+        if skip_special_tokens is not None:
+            stream.skip_special_tokens = skip_special_tokens
+        return stream
 
     def apply(self, delta: tokenizer_pb2.DetokenizeDelta) -> str:
         """Advance the offsets as the service says and return the new text.

@@ -23,6 +23,7 @@ class Window:
     ids: Sequence[int]
     read_offset: int
     final: bool = False
+    skip_special_tokens: bool | None = None  # None: the step's own choice
 
 
 @dataclasses.dataclass
@@ -34,12 +35,21 @@ class Delta:
 
 
 def detokenize_step(backend: TokenizerBackend, windows: Sequence[Window], skip_special_tokens: bool) -> list[Delta]:
-    """One Delta per window; both decodes of every window go to the backend as one batch."""
-    batch: list[Sequence[int]] = []
-    for window in windows:
-        batch.append(window.ids[: window.read_offset])
-        batch.append(window.ids)
-    texts = backend.decode_batch(batch, skip_special_tokens=skip_special_tokens)
+    """One Delta per window; both decodes of every window go to the backend as one batch (one per choice of
+    skip_special_tokens among the windows)."""
+    texts: list[str] = [""] * (2 * len(windows))
+    for skip in (True, False):
+        chosen = [
+            i
+            for i, window in enumerate(windows)
+            if (skip_special_tokens if window.skip_special_tokens is None else window.skip_special_tokens) == skip
+        ]
+        if not chosen:
+            continue
+        batch = [ids for i in chosen for ids in (windows[i].ids[: windows[i].read_offset], windows[i].ids)]
+        decoded = backend.decode_batch(batch, skip_special_tokens=skip)
+        for k, i in enumerate(chosen):
+            texts[2 * i], texts[2 * i + 1] = decoded[2 * k], decoded[2 * k + 1]
     deltas = []
     for index, window in enumerate(windows):
         prefix_text, new_text = texts[2 * index], texts[2 * index + 1]

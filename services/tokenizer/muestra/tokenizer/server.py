@@ -217,7 +217,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                     raise InvalidArgument(
                         f"streams[{i}].read_offset", f"is {stream.read_offset}, past the window's {len(ids)} ids"
                     )
-                windows.append(Window(ids, stream.read_offset, stream.final))
+                skip = stream.skip_special_tokens if stream.HasField("skip_special_tokens") else None
+                windows.append(Window(ids, stream.read_offset, stream.final, skip))
             deltas = detokenize_step(t.backend, windows, request.skip_special_tokens)
             reply = tokenizer_pb2.DetokenizeStepResponse()
             for d in deltas:

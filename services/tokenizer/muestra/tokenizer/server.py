@@ -99,6 +99,13 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             raise InvalidArgument("model", f"unknown tokenizer {model!r}; this service serves: {known}")
         return tokenizer
 
+    def _batch(self, request, field: str):
+        """The request's tokenizer and its `field` items (texts, sequences, streams), no more than a batch holds."""
+        tokenizer = self._select(request.model)
+        items = getattr(request, field)
+        _check_count(field, len(items), self.limits.max_batch_size)
+        return tokenizer, items
+
     async def _off_loop(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
 
@@ -134,9 +141,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             yield tokenizer_pb2.TokenizerChunk(data=data[start : start + EXPORT_CHUNK_BYTES])
 
     async def Encode(self, request, context):
-        t = self._select(request.model)
-        texts = request.texts
-        _check_count("texts", len(texts), self.limits.max_batch_size)
+        t, texts = self._batch(request, "texts")
 
         def work() -> tokenizer_pb2.EncodeResponse:
             for i, text in enumerate(texts):
@@ -153,9 +158,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         return await self._off_loop(work)
 
     async def Decode(self, request, context):
-        t = self._select(request.model)
-        sequences = request.sequences
-        _check_count("sequences", len(sequences), self.limits.max_batch_size)
+        t, sequences = self._batch(request, "sequences")
 
         def work() -> tokenizer_pb2.DecodeTokensResponse:
             id_lists = [
@@ -205,9 +208,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         return await self._off_loop(work)
 
     async def DetokenizeStep(self, request, context):
-        t = self._select(request.model)
-        streams = request.streams
-        _check_count("streams", len(streams), self.limits.max_batch_size)
+        t, streams = self._batch(request, "streams")
 
         def work() -> tokenizer_pb2.DetokenizeStepResponse:
             windows = []

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from muestra.gateway.constraints import BUILTIN_CONSTRAINT_MODULES
+from muestra.gateway.sampling.registry import info_fields
 from muestra.plugin import Constraint, check_constraint
 from muestra.plugin.manager import Plugins, Registration
 from muestra.v1 import gateway_pb2
@@ -27,14 +27,7 @@ class RegisteredConstraint:
         return self.constraint.name
 
     def to_proto(self) -> gateway_pb2.ConstraintInfo:
-        return gateway_pb2.ConstraintInfo(
-            name=self.name,
-            plugin=self.plugin,
-            distribution=self.distribution,
-            version=self.version,
-            description=self.constraint.description,
-            parameter_schema=json.dumps(self.constraint.parameter_schema, sort_keys=True),
-        )
+        return gateway_pb2.ConstraintInfo(**info_fields(self, self.constraint))
 
 
 def _accept(constraint: Constraint) -> Registration:

@@ -21,8 +21,8 @@ def main() -> None:
     print()
     print(f"{'sampler':<20} {'kind':<10} {'argmax-invariant':<17} description")
     for entry in registry.list():
-        invariant = "yes" if entry.argmax_invariant else "no"
-        print(f"{entry.name:<20} {entry.kind:<10} {invariant:<17} {entry.description}")
+        invariant = "yes" if entry.sampler.argmax_invariant else "no"
+        print(f"{entry.name:<20} {entry.kind:<10} {invariant:<17} {entry.sampler.description}")
 
 
 if __name__ == "__main__":

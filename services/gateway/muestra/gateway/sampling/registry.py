@@ -27,32 +27,26 @@ class RegisteredSampler:
         return self.sampler.name
 
     @property
-    def description(self) -> str:
-        return self.sampler.description
-
-    @property
-    def parameter_schema(self) -> dict:
-        return self.sampler.parameter_schema
-
-    @property
-    def argmax_invariant(self) -> bool:
-        return self.sampler.argmax_invariant
-
-    @property
     def kind(self) -> str:
         """ "processor", "selector" or "search"."""
         return kind_of(self.sampler)
 
     def to_proto(self) -> gateway_pb2.SamplerInfo:
         return gateway_pb2.SamplerInfo(
-            name=self.name,
-            plugin=self.plugin,
-            distribution=self.distribution,
-            version=self.version,
-            description=self.sampler.description,
-            parameter_schema=json.dumps(self.sampler.parameter_schema, sort_keys=True),
-            argmax_invariant=self.sampler.argmax_invariant,
+            **info_fields(self, self.sampler), argmax_invariant=self.sampler.argmax_invariant
         )
+
+
+def info_fields(entry, registered: Sampler | Any) -> dict:
+    """The fields SamplerInfo and ConstraintInfo share: what was registered, by which plugin."""
+    return {
+        "name": registered.name,
+        "plugin": entry.plugin,
+        "distribution": entry.distribution,
+        "version": entry.version,
+        "description": registered.description,
+        "parameter_schema": json.dumps(registered.parameter_schema, sort_keys=True),
+    }
 
 
 @dataclasses.dataclass(frozen=True)

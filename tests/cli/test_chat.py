@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import pty
 import re
@@ -26,6 +27,8 @@ class Terminal:
         if self.pid == 0:  # the child
             os.execve(sys.executable, argv, env)
         self.seen = ""
+        # A character's UTF-8 bytes may arrive in two reads: decode incrementally.
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def read_until(self, marker: str, timeout: float = 60) -> str:
         """Everything up to and including `marker` (newlines as "\\n", escapes removed); the rest stays."""
@@ -36,7 +39,7 @@ class Terminal:
             ready, _, _ = select.select([self.fd], [], [], left)
             if ready:
                 try:
-                    chunk = os.read(self.fd, 4096).decode(errors="replace")
+                    chunk = self.decoder.decode(os.read(self.fd, 4096))
                 except OSError:  # the child closed the terminal
                     raise AssertionError(f"ended before {marker!r}: {self.seen!r}") from None
                 self.seen = ANSI.sub("", (self.seen + chunk).replace("\r\n", "\n"))

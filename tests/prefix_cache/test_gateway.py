@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.fixtures.lm_models import default_suppressed_ids
 from tests.fixtures.prefix_cache import BLOCK, block_keys, generate, start_cache_stack, wait_for_keys, wait_until
 
 PROMPT = (
@@ -23,14 +24,16 @@ def stack(tiny_lm, redis_server, prefix_tokenizer, prefix_log_dir):
 
 
 def _greedy_reference(tiny_lm, prompt: str, max_new_tokens: int) -> tuple[list[int], list[int]]:
-    """(prompt ids, transformers' greedy continuation, cut after EOS)."""
+    """(prompt ids, transformers' greedy continuation, cut after EOS), with the special tokens the gateway never
+    picks by default suppressed there too."""
     lm = tiny_lm("llama")
     model, tokenizer = lm.torch_model(), lm.tokenizer()
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), pad_token_id=1, max_new_tokens=max_new_tokens, do_sample=False
-        )
+            ids, attention_mask=torch.ones_like(ids), pad_token_id=1, max_new_tokens=max_new_tokens, do_sample=False,
+            suppress_tokens=default_suppressed_ids(model, tokenizer),
+        )  # fmt: skip
     generated = out[0, ids.shape[1] :].tolist()
     eos = model.generation_config.eos_token_id
     if eos in generated:

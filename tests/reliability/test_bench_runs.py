@@ -39,7 +39,9 @@ def test_a_short_chaos_run_survives_an_lm_kill_and_a_redis_kill(tmp_path):
 def test_seeded_replays_report_their_differences_and_greedy_ones_never_differ(tmp_path, capsys):
     args = ["--requests", "40", "--greedy", "16", "--concurrency", "16", "--max-tokens", "24"]
     report = bench("bench.replays", args, tmp_path, timeout_s=600)
-    assert report["greedy"] == {"requests": 16, "different": 0, "first_difference_median": None}
-    assert report["sampled"]["requests"] == 40
+    assert report["greedy"] == {"requests": 16, "different": 0, "first_difference_median": None, "differing": []}
+    sampled = report["sampled"]
+    assert sampled["requests"] == 40 and len(sampled["differing"]) == sampled["different"]
+    assert all(set(d) == {"seed", "at", "under_load", "alone", "cached_tokens"} for d in sampled["differing"])
     with capsys.disabled():  # the figure docs/architecture.md quotes, for the log of a CI run
         print(f"\nseeded sampled replays that differ under 16-way load: {report['sampled']['different']} of 40")

@@ -168,6 +168,7 @@ def build_request(
     timeout_ms: int = 0,
     samplers: Sequence[Mapping[str, Any]] | None = None,
     constraint: Mapping[str, Any] | None = None,
+    allow_special_tokens: bool = False,
     **sampling: Any,
 ) -> gateway_pb2.GenerateRequest:
     """A GenerateRequest. `constraint` is {"name": kind, "params": {...}}, e.g.
@@ -182,6 +183,7 @@ def build_request(
         top_logprobs=top_logprobs,
         ignore_eos=ignore_eos,
         timeout_ms=timeout_ms,
+        allow_special_tokens=allow_special_tokens,
     )
     _set_input(request, prompt, messages)
     if seed is not None:

@@ -63,13 +63,31 @@ class _Call:
             exc = malformed(exc)
         if isinstance(exc, MuestraError):
             self.code = exc.code
-            await self.context.abort(exc.code, _short(str(exc)))
+            await self._abort(exc.code, _short(str(exc)))
         self.code = grpc.StatusCode.INTERNAL
         log.exception("internal error in %s", self.method)
-        await self.context.abort(
+        await self._abort(
             grpc.StatusCode.INTERNAL,
             f"internal error in {self.method} (request id {self.request_id}); the service log has the details",
         )
+
+    async def _abort(self, code: grpc.StatusCode, message: str) -> None:
+        """End the call with this status; when the call is over already (its deadline passed, its client left),
+        no status can be sent, and the handler ends as a cancelled one (grpc would log the failed send)."""
+        remaining = self.context.time_remaining()
+        over = self.context.cancelled() or (remaining is not None and remaining <= 0)
+        if not over:
+            try:
+                await self.context.abort(code, message)
+            except grpc.aio.AbortError:
+                raise
+            except Exception:  # the send failed: the call ended meanwhile
+                remaining = self.context.time_remaining()
+                if not (self.context.cancelled() or (remaining is not None and remaining <= 0)):
+                    raise
+        if self.code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+            self.code = grpc.StatusCode.CANCELLED
+        raise asyncio.CancelledError()
 
     def finish(self) -> None:
         elapsed = time.perf_counter() - self.started

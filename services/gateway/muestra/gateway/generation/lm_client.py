@@ -7,8 +7,10 @@ creates to it: nobody else can step or clear them, and they are freed if the str
 they idle past the lm's batch_idle_s).
 
 A failure of the replica (it is gone, broken, or missed the lm deadline) is LmFailed: its batches
-are lost. A Prefill refused for the request's own sake (a bad argument, a prompt that does not fit),
-or cut by the request's own deadline, is the request's error alone: it never counts against the replica.
+are lost. A Prefill refused for the request's own sake (a bad argument, a prompt that does not fit)
+is the request's error alone. A Prefill is never cut at the request's own deadline: the lm would
+still make the batch, under this lease, where nobody could name it to free it (the scheduler frees
+the batch of a request whose deadline passed meanwhile).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from muestra.gateway.backends import LmReplica
 from muestra.gateway.generation.progress import Progress
 from muestra.gateway.generation.step_stream import StepStream
 from muestra.runtime.calls import grpc_error_to_muestra
-from muestra.runtime.errors import DeadlineExceeded, Unavailable
+from muestra.runtime.errors import Unavailable
 from muestra.runtime.step_streams import LEASE_HEADER
 from muestra.v1 import lm_pb2
 
@@ -64,23 +66,16 @@ class LmClient:
             lambda: replica.stub.BatchSteps(metadata=self.metadata), self.name, retry=False, timeout_s=timeout_s
         )
 
-    async def prefill(
-        self, prefill: lm_pb2.PrefillRequest, timeout_s: float, requests_deadline: bool = False
-    ) -> lm_pb2.PrefillResponse:
-        """Prefill into a new batch held under this client's lease; `requests_deadline`: the timeout is the
-        request's own deadline (shorter than the lm's), so missing it says nothing about the replica."""
+    async def prefill(self, prefill: lm_pb2.PrefillRequest) -> lm_pb2.PrefillResponse:
+        """Prefill into a new batch held under this client's lease."""
         # The lm frees a lease's batches when its step stream breaks: have one open before holding any.
         self.stream.open()
         with self.progress.waiting_for(f"{self.name} Prefill"):
             try:
-                return await self.replica.stub.Prefill(prefill, timeout=timeout_s, metadata=self.metadata)
+                return await self.replica.stub.Prefill(prefill, timeout=self.timeout_s, metadata=self.metadata)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in REQUEST_STATUSES:
                     raise grpc_error_to_muestra(exc) from exc
-                if requests_deadline and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise DeadlineExceeded(
-                        f"the request's deadline (timeout_ms, or its call's) passed during its prefill on {self.name}"
-                    ) from exc
                 raise LmFailed(self.address, exc) from exc
 
     async def decode(self, request: lm_pb2.DecodeRequest) -> lm_pb2.DecodeResponse:

@@ -184,7 +184,7 @@ class ReplicaScheduler:
                 request.out.put_nowait(None)
             elif request.deadline is not None and now > request.deadline:
                 self.waiting.remove(request)
-                request.fail(_queue_deadline(request))
+                request.fail(_deadline_error(request, "while it waited for a place in the batch"))
 
     async def _reshaped(self, batch_id: str, rows: list[Row]) -> tuple[str, list[Row]]:
         """`rows` without finished rows and with beams reordered, with one Filter call when anything changed."""
@@ -213,7 +213,7 @@ class ReplicaScheduler:
                 request.out.put_nowait(None)
                 continue
             if request.deadline is not None and time.monotonic() > request.deadline:
-                request.fail(_queue_deadline(request))
+                request.fail(_deadline_error(request, "while it waited for a place in the batch"))
                 continue
             request.admitted = time.monotonic()
             metrics.QUEUE_TIME.labels(self.model.name).observe(request.admitted - request.arrival)
@@ -250,10 +250,11 @@ class ReplicaScheduler:
             prefix=prefix,
             suppressed_token_ids=request.suppressed_token_ids,
         )
-        timeout_s = self.lm.timeout_s
-        if request.deadline is not None and request.deadline - time.monotonic() < timeout_s:
-            timeout_s = max(0.001, request.deadline - time.monotonic())
-        reply = await self.lm.prefill(lm_pb2.PrefillRequest(rows=[row]), timeout_s, timeout_s < self.lm.timeout_s)
+        reply = await self.lm.prefill(lm_pb2.PrefillRequest(rows=[row]))
+        if request.deadline is not None and time.monotonic() > request.deadline:
+            # Its own deadline passed during the prefill: that request fails alone, and its batch goes.
+            await self.lm.clear([reply.batch_id])
+            raise _deadline_error(request, "during its prefill")
         request.cached_tokens = reply.output.rows[0].cached_tokens
         if prefix_cache is not None:
             prefix_cache.record_hit(request.cached_tokens)
@@ -374,10 +375,10 @@ class ReplicaScheduler:
                 log.warning("freeing the batches of failed requests: %s", failed)
 
 
-def _queue_deadline(request: GenerationRequest) -> DeadlineExceeded:
+def _deadline_error(request: GenerationRequest, when: str) -> DeadlineExceeded:
     return DeadlineExceeded(
-        "the request's deadline (timeout_ms, or its call's) passed while it waited for a place in the batch; "
-        f"retry with seed {request.seed} for the same text"
+        f"the request's deadline (timeout_ms, or its call's) passed {when}; retry with seed {request.seed} for the "
+        "same text"
     )
 
 

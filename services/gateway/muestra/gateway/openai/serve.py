@@ -50,6 +50,9 @@ class _FairH11Protocol(H11Protocol):
 
     def _feed(self) -> None:
         self.next_feed = None
+        if self.discarding or not self.unparsed:
+            # Answered mid-body meanwhile: nothing more is parsed (h11 takes an empty feed as the end of input).
+            return
         piece = bytes(self.unparsed[:FEED_BYTES])
         del self.unparsed[:FEED_BYTES]
         super().data_received(piece)
@@ -68,6 +71,9 @@ class _FairH11Protocol(H11Protocol):
         self.server_state.total_requests += 1
         self.discarding = True
         self.unparsed.clear()
+        if self.next_feed is not None:
+            self.next_feed.cancel()
+            self.next_feed = None
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.transport.resume_reading()

@@ -497,7 +497,7 @@ def test_a_batch_shows_its_images_in_order_and_a_newer_batch_first(page, openai_
         np.testing.assert_array_equal(png_pixels(base64.b64decode(got)), want, err_msg=f"image {index + 1}")
 
 
-CONTEXT_TURNS = 8
+CONTEXT_TURNS = 12
 
 
 def test_a_long_chat_fits_the_context_and_clear_starts_over(page, openai_stack):
@@ -518,8 +518,11 @@ def test_a_long_chat_fits_the_context_and_clear_starts_over(page, openai_stack):
     assert len(sent[-1]) < 2 * CONTEXT_TURNS, "the oldest turns were not left out"
     notes = page.eval_on_selector_all("#chat-log .note", "els => els.map(el => el.textContent)")
     assert notes and "512-token context" in notes[-1] and "system prompt" in notes[-1]
+    # Each answer is shown as it is, nothing added: what the page sends back as that answer in later turns.
     answers = page.eval_on_selector_all("#chat-log .message.assistant .text", "els => els.map(el => el.textContent)")
-    assert all(not answer.startswith("\n") for answer in answers), "an answer starts with an empty line"
+    assert len(answers) == CONTEXT_TURNS
+    carried = [m["content"] for messages in sent for m in messages if m["role"] == "assistant"]
+    assert carried and set(carried) <= set(answers)
 
     page.click("#chat-clear")
     assert page.eval_on_selector_all("#chat-log > *", "els => els.length") == 0

@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import re
+import socket
 import threading
 import time
 
@@ -300,3 +301,30 @@ def test_left_out_fields_are_echoed_in_parameters_as_used(api):
     used = {key: parameters[key] for key in ("width", "height", "steps", "cfg_scale", "seed", "sampler_name")}
     assert used == {"width": 64, "height": 64, "steps": 50, "cfg_scale": 7.5, "seed": 4, "sampler_name": "euler"}
     assert parameters["scheduler"] == "automatic"
+
+
+def test_the_edges_refusals_on_sdapi_are_a1111s_detail_too(image_stack):
+    """The key check and the declared-size check answer before any route runs: on /sdapi they speak A1111 too."""
+    with httpx.Client(base_url=image_stack.http_url, timeout=60) as bare:
+        missing = bare.get("/sdapi/v1/sd-models")
+        wrong = bare.get("/sdapi/v1/sd-models", headers={"Authorization": "Bearer nope"})
+        openai_route = bare.get("/v1/models")
+    for reply in (missing, wrong):
+        assert reply.status_code == 401 and set(reply.json()) == {"detail"}, reply.text
+    assert "API key" in missing.json()["detail"]
+    assert set(openai_route.json()) == {"error"}  # OpenAI's routes keep OpenAI's shape
+    # A body declared over the limit is refused from its headers alone (a raw socket: clients check the length).
+    host, port = image_stack.http_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(
+            b"POST /sdapi/v1/txt2img HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {image_stack.api_key}\r\nContent-Length: 999999999\r\n\r\n".encode()
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and "over the limit" in json.loads(body)["detail"], answer[:300]

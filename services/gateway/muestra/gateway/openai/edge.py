@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -63,8 +64,9 @@ class BodyTimeout(OpenAIError):
         )  # fmt: skip
 
 
-async def send_error(send, error: OpenAIError) -> None:
-    body = error.json_bytes()
+async def send_error(send, error: OpenAIError, a1111: bool = False) -> None:
+    """The error as OpenAI's error object, or as AUTOMATIC1111's {"detail": ...} on its /sdapi routes."""
+    body = json.dumps({"detail": error.message}).encode() if a1111 else error.json_bytes()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -131,7 +133,7 @@ class Edge:
         try:
             refusal = self._refuse(scope, headers)
             if refusal is not None:
-                await send_error(send_with_id, refusal)
+                await send_error(send_with_id, refusal, a1111=scope["path"].startswith("/sdapi/"))
             else:
                 await self.app(scope, limited_receive, send_with_id)
         finally:

@@ -62,7 +62,8 @@ class Fault:
 def _redis(stack: LocalStack):
     import redis
 
-    return redis.Redis.from_url(stack.redis_url, socket_timeout=5)
+    # The stack's redis-server requires its password (bench/stack.py); the URL does not carry it.
+    return redis.Redis.from_url(stack.redis_url, password=stack.redis_password, socket_timeout=5)
 
 
 async def _serving_text(stack: LocalStack, within_s: float) -> float:

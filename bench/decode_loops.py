@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 
+from muestra.lm.export.checks import last_position
 from muestra.v1 import lm_pb2, lm_pb2_grpc
 from tests.harness import ServiceProcess
 
@@ -47,6 +48,7 @@ class BareLoop:
     def feeds(self, ids: np.ndarray, past_length: int) -> dict:
         rows, width = ids.shape
         feeds = {"input_ids": ids, "attention_mask": np.ones((rows, past_length + width), np.int64)}
+        feeds.update(last_position(self.session))
         if self.has_positions:
             feeds["position_ids"] = np.tile(np.arange(past_length, past_length + width), (rows, 1))
         return feeds
@@ -124,6 +126,8 @@ class SharedBufferLoop:
         if self.has_positions:
             width = ids.shape[1]
             binding.bind_cpu_input("position_ids", np.tile(np.arange(total - width, total), (ids.shape[0], 1)))
+        for name, value in last_position(self.session).items():
+            binding.bind_cpu_input(name, value)
         binding.bind_output("logits", "cpu")
         for past, present, buffer in zip(self.past_names, self.present_names, buffers, strict=True):
             binding.bind_ortvalue_input(past, buffer)

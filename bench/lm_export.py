@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
 from muestra.lm.export import export_lm
+from muestra.lm.export.checks import last_position
 from tests.fixtures.lm_models import save_tiny_tokenizer
 
 EVAL_TEXT = " ".join(
@@ -52,6 +53,7 @@ class Variant:
         ids = np.random.default_rng(0).integers(0, 50257, size=(1, tokens)).astype(np.int64)
         self.prefill = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(tokens)[None]}
         self.prefill.update(past)
+        self.prefill.update(last_position(self.sess))
         outputs = dict(zip(self.names, self.sess.run(self.names, self.prefill), strict=True))
         self.decode = {
             "input_ids": ids[:, :1],
@@ -59,6 +61,7 @@ class Variant:
             "position_ids": np.array([[tokens]]),
         }
         self.decode.update({k.replace("present.", "past_key_values."): v for k, v in outputs.items() if k != "logits"})
+        self.decode.update(last_position(self.sess))
         self.logits_mb = outputs["logits"].nbytes / 1e6
         self.file_mb = sum(p.stat().st_size for p in onnx_dir.glob("model.onnx*")) / 1e6
         self.perplexity = json.loads((onnx_dir / "muestra_export.json").read_text()).get("perplexity", {})

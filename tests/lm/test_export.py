@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from muestra.lm.export.checks import last_position
 from muestra.lm.export.families import FAMILIES
 from tests.fixtures.lm_models import EXTRA_FAMILIES, LM_FAMILIES, VARIANTS
 
@@ -36,7 +37,7 @@ def empty_past(sess: ort.InferenceSession, batch: int) -> dict[str, np.ndarray]:
 
 def step(sess, input_ids, attention_mask, past):
     """One call; position_ids = cumsum(mask) - 1 clipped at 0, for the new positions only."""
-    feed = {"input_ids": input_ids, "attention_mask": attention_mask, **past}
+    feed = {"input_ids": input_ids, "attention_mask": attention_mask, **past, **last_position(sess)}
     if any(node.name == "position_ids" for node in sess.get_inputs()):
         positions = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
         feed["position_ids"] = positions[:, -input_ids.shape[1] :]
@@ -99,6 +100,8 @@ def shared_step(sess, ids: np.ndarray, lengths: np.ndarray, buffers: list[np.nda
     binding.bind_cpu_input("input_ids", ids.astype(np.int64))
     binding.bind_cpu_input("attention_mask", (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64))
     binding.bind_cpu_input("position_ids", (np.arange(new) + np.maximum(lengths - new, 0)[:, None]).astype(np.int64))
+    for name, value in last_position(sess).items():
+        binding.bind_cpu_input(name, value)
     binding.bind_output("logits")
     pasts = [n.name for n in sess.get_inputs() if n.name.startswith("past_key_values.")]
     for name, buffer in zip(pasts, buffers, strict=True):
@@ -188,17 +191,20 @@ def test_graph_names_dtypes_and_kv_shapes(tiny_lm, family):
 
     expected_inputs = ["input_ids", "attention_mask", *(["position_ids"] if family != "bloom" else [])]
     expected_inputs += [f"past_key_values.{i}.{kind}" for i in layers for kind in ("key", "value")]
-    assert [node.name for node in graph.input] == expected_inputs
+    assert [node.name for node in graph.input] == [*expected_inputs, "logits_positions"]
     expected_outputs = ["logits", *(f"present.{i}.{kind}" for i in layers for kind in ("key", "value"))]
     assert [node.name for node in graph.output] == expected_outputs
 
     def dims(node):
         return [d.dim_param or d.dim_value for d in node.type.tensor_type.shape.dim]
 
+    positions = graph.input[-1]  # the positions whose logits a step keeps
+    assert positions.type.tensor_type.elem_type == onnx.TensorProto.INT64 and len(dims(positions)) == 1
+
     for node in graph.input[: len(expected_inputs) - 2 * len(layers)]:
         assert node.type.tensor_type.elem_type == onnx.TensorProto.INT64
         assert all(isinstance(d, str) for d in dims(node)), f"{node.name} has a fixed axis: {dims(node)}"
-    for node in list(graph.input[-2 * len(layers) :]) + list(graph.output[1:]):
+    for node in list(graph.input[-1 - 2 * len(layers) : -1]) + list(graph.output[1:]):
         batch, heads, length, size = dims(node)
         assert (heads, size) == (num_kv_heads, head_dim)
         assert isinstance(batch, str) and isinstance(length, str)
@@ -223,7 +229,10 @@ def test_metadata_describes_the_export(tiny_lm, family):
     config = AutoConfig.from_pretrained(lm.hf_dir)
     assert metadata["format"] == 1
     assert metadata["family"] == family
-    assert metadata["logits"] == "last"
+    # The last position's logits unless a step names the positions it wants (speculative verification).
+    assert metadata["logits"] == "positions"
+    inputs = [node.name for node in ort.InferenceSession(str(lm.onnx_dir / "model.onnx")).get_inputs()]
+    assert inputs[-1] == "logits_positions"
     assert metadata["kv_dtype"] == "float32"
     assert metadata["position_ids"] is (family != "bloom")
     assert metadata["layout"] == ("concat" if family == "bloom" else "fused")

@@ -47,6 +47,9 @@ class Completion:
     replica: str
     error: str = ""
     forced_tokens: int = 0
+    # Speculative decoding: draft tokens the lm scored, and those the sampler chain accepted.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @classmethod
     def from_proto(cls, index: int, done: gateway_pb2.Completion) -> Completion:
@@ -65,6 +68,8 @@ class Completion:
             replica=done.replica,
             error=done.error,
             forced_tokens=done.usage.forced_tokens,
+            draft_tokens=done.usage.draft_tokens,
+            accepted_draft_tokens=done.usage.accepted_draft_tokens,
         )
 
 
@@ -169,10 +174,13 @@ def build_request(
     samplers: Sequence[Mapping[str, Any]] | None = None,
     constraint: Mapping[str, Any] | None = None,
     allow_special_tokens: bool = False,
+    speculation: str | Mapping[str, Any] | None = None,
     **sampling: Any,
 ) -> gateway_pb2.GenerateRequest:
     """A GenerateRequest. `constraint` is {"name": kind, "params": {...}}, e.g.
-    {"name": "json_schema", "params": {"schema": {...}}}; the sampling keywords build the chain."""
+    {"name": "json_schema", "params": {"schema": {...}}}; the sampling keywords build the chain.
+    `speculation` is a proposer's name ("ngram", "off") or {"proposer": name, "params": {...}}; None leaves
+    it to the gateway."""
     request = gateway_pb2.GenerateRequest(
         model=model,
         max_tokens=max_tokens,
@@ -200,4 +208,11 @@ def build_request(
             # As JSON text: a Struct would lose the order of the properties, which the output follows.
             params["schema"] = json.dumps(params["schema"])
         request.constraint.params.update(params)
+    if speculation is not None:
+        if isinstance(speculation, str):
+            speculation = {"proposer": speculation}
+        request.speculation.SetInParent()
+        request.speculation.proposer = speculation["proposer"]
+        if speculation.get("params"):
+            request.speculation.params.update(dict(speculation["params"]))
     return request

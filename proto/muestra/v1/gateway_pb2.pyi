@@ -39,8 +39,16 @@ class ConstraintSpec(_message.Message):
     params: _struct_pb2.Struct
     def __init__(self, name: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
+class SpeculationSpec(_message.Message):
+    __slots__ = ("proposer", "params")
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    proposer: str
+    params: _struct_pb2.Struct
+    def __init__(self, proposer: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "stop_token_ids", "seed", "n", "samplers", "logprobs", "top_logprobs", "ignore_eos", "add_special_tokens", "timeout_ms", "disable_prefix_cache", "include_stop_str_in_output", "constraint", "tools_json", "allow_special_tokens")
+    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "stop_token_ids", "seed", "n", "samplers", "logprobs", "top_logprobs", "ignore_eos", "add_special_tokens", "timeout_ms", "disable_prefix_cache", "include_stop_str_in_output", "constraint", "tools_json", "allow_special_tokens", "speculation")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +68,7 @@ class GenerateRequest(_message.Message):
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _common_pb2.ChatMessages
@@ -79,7 +88,8 @@ class GenerateRequest(_message.Message):
     constraint: ConstraintSpec
     tools_json: str
     allow_special_tokens: bool
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSpec, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., disable_prefix_cache: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., constraint: _Optional[_Union[ConstraintSpec, _Mapping]] = ..., tools_json: _Optional[str] = ..., allow_special_tokens: _Optional[bool] = ...) -> None: ...
+    speculation: SpeculationSpec
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSpec, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., disable_prefix_cache: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., constraint: _Optional[_Union[ConstraintSpec, _Mapping]] = ..., tools_json: _Optional[str] = ..., allow_special_tokens: _Optional[bool] = ..., speculation: _Optional[_Union[SpeculationSpec, _Mapping]] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "token", "logprob")
@@ -114,16 +124,20 @@ class TextDelta(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "forced_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "forced_tokens", "accepted_draft_tokens", "draft_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     forced_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., forced_tokens: _Optional[int] = ...) -> None: ...
+    accepted_draft_tokens: int
+    draft_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., forced_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "ttft_ms", "total_ms", "tokens_per_s")

@@ -30,6 +30,7 @@ from muestra.plugin.numeric import (
     nucleus_threshold,
     softmax,
 )
+from muestra.plugin.proposers import ADAPTIVE, MAX_DRAFT_TOKENS, DraftProposer, DraftRow, check_proposer
 from muestra.plugin.params import (
     REQUIRED,
     Bool,
@@ -59,15 +60,19 @@ PROJECT_NAME = "muestra"
 ENTRY_POINT_GROUP = "muestra"
 
 __all__ = [
+    "ADAPTIVE",
     "ENTRY_POINT_GROUP",
     "PROJECT_NAME",
     "REQUIRED",
     "Bool",
     "Constraint",
+    "DraftProposer",
+    "DraftRow",
     "Float",
     "Grammar",
     "Hypothesis",
     "Int",
+    "MAX_DRAFT_TOKENS",
     "LogitsProcessor",
     "ModelInfo",
     "Object",
@@ -82,6 +87,7 @@ __all__ = [
     "StringList",
     "TokenSelector",
     "check_constraint",
+    "check_proposer",
     "check_sampler",
     "column",
     "group_rows",

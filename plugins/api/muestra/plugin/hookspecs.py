@@ -19,3 +19,8 @@ def register_schedulers(register):
 @hookspec
 def register_constraints(register):
     """Register output-constraint kinds: call register(constraint) with a Constraint."""
+
+
+@hookspec
+def register_proposers(register):
+    """Register draft proposers for speculative decoding: call register(proposer) with a DraftProposer."""

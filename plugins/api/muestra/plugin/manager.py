@@ -76,10 +76,11 @@ class BuiltinPlugin:
     `module` is where it is built; its record names that module's distribution, as a module plugin's would.
     """
 
-    def __init__(self, module: str, *, samplers: tuple = (), constraints: tuple = ()) -> None:
+    def __init__(self, module: str, *, samplers: tuple = (), constraints: tuple = (), proposers: tuple = ()) -> None:
         self.module = module
         self.samplers = samplers
         self.constraints = constraints
+        self.proposers = proposers
 
     @hookimpl
     def register_samplers(self, register):
@@ -90,6 +91,11 @@ class BuiltinPlugin:
     def register_constraints(self, register):
         for constraint in self.constraints:
             register(constraint)
+
+    @hookimpl
+    def register_proposers(self, register):
+        for proposer in self.proposers:
+            register(proposer)
 
 
 def disabled_names(env: Mapping[str, str] | None = None) -> set[str]:

@@ -49,6 +49,8 @@ class LmReplica:
     channel: grpc.aio.Channel
     # Most greedy steps one Decode may run there (its Describe's max_greedy_steps; 1 until known).
     max_greedy_steps: int = 1
+    # Most draft tokens one row may have verified there per Decode (its Describe's; 0: none).
+    max_draft_tokens: int = 0
     # Its KV layout and budget (its Describe's; None: admitted by row count alone).
     kv: KvBudget | None = None
 
@@ -190,6 +192,7 @@ class ModelRegistry:
                 replicas[0].channel, replicas[0].stub.Describe, lm_pb2.DescribeModelRequest(),
             )  # fmt: skip
             replicas[0].max_greedy_steps = max(1, lm_info.max_greedy_steps)
+            replicas[0].max_draft_tokens = lm_info.max_draft_tokens
             replicas[0].kv = KvBudget.from_describe(lm_info)
             tok_model = spec.get("tokenizer_model", "")
             tok_info = await _call_at_startup(
@@ -217,6 +220,7 @@ class ModelRegistry:
                     replica.channel, replica.stub.Describe, lm_pb2.DescribeModelRequest(),
                 )  # fmt: skip
                 replica.max_greedy_steps = max(1, other.max_greedy_steps)
+                replica.max_draft_tokens = other.max_draft_tokens
                 replica.kv = KvBudget.from_describe(other)
                 if other.fingerprint != model.fingerprint:
                     raise BackendError(

@@ -51,6 +51,11 @@ class GatewayConfig(ServiceConfig, RedisConfig):
     greedy_burst_ms: float = _f(
         100.0, "a burst is cut to the steps that the replica's recent step times say fit in this many milliseconds"
     )
+    speculation: str = _f(
+        "ngram",
+        "draft proposer of requests that name none (speculative decoding; the text for a seed is the same either "
+        "way): a registered proposer's name, or off",
+    )
     startup_timeout_s: float = _f(120.0, "how long to wait for the backend services at start")
     affinity_tokens: int = _f(32, "prompts sharing this many leading tokens go to the same lm replica")
     health_interval_s: float = _f(2.0, "seconds between health checks (and DNS lookups) of lm replicas")

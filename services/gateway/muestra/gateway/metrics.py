@@ -91,3 +91,20 @@ KV_ADMISSION_WAITS = Counter(
     "Requests that waited at the head of a replica's queue because its KV budget could not hold them yet",
     ["model", "replica"],
 )
+# Speculative decoding, named after vLLM's spec_decode metrics. Tokens per verification step are
+# (accepted + drafts) / drafts, and the acceptance rate accepted / draft tokens.
+SPEC_DRAFTS = Counter(
+    "muestra_spec_decode_num_drafts_total",
+    "Rows' drafts the lm verified, one per row and step (vllm:spec_decode_num_drafts)",
+    ["model", "proposer"],
+)
+SPEC_DRAFT_TOKENS = Counter(
+    "muestra_spec_decode_num_draft_tokens_total",
+    "Draft tokens the lm verified (vllm:spec_decode_num_draft_tokens)",
+    ["model", "proposer"],
+)
+SPEC_ACCEPTED_TOKENS = Counter(
+    "muestra_spec_decode_num_accepted_tokens_total",
+    "Draft tokens the sampler chain accepted (vllm:spec_decode_num_accepted_tokens)",
+    ["model", "proposer"],
+)

@@ -20,6 +20,7 @@ from muestra.gateway.constraints.registry import ConstraintRegistry
 from muestra.gateway.generation.progress import Watchdog
 from muestra.gateway.generation.request import GenerationRequest
 from muestra.gateway.generation.routing import Router
+from muestra.gateway.proposers.registry import OFF, ProposerRegistry
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.tokenize import TokenizeRPCs
 from muestra.gateway.tool_calls import parse_tools_json
@@ -112,6 +113,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
         registry: ModelRegistry,
         samplers: SamplerRegistry,
         constraints: ConstraintRegistry | None = None,
+        proposers: ProposerRegistry | None = None,
     ) -> None:
         if config.constraint_mask not in ("lm", "gateway"):
             raise ValueError(f"--constraint-mask must be lm or gateway, got {config.constraint_mask!r}")
@@ -121,6 +123,11 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
         self.registry = registry
         self.samplers = samplers
         self.constraints = constraints if constraints is not None else ConstraintRegistry.load()
+        self.proposers = proposers if proposers is not None else ProposerRegistry.load()
+        if config.speculation not in (OFF, *self.proposers.names()):
+            known = ", ".join([*self.proposers.names(), OFF])
+            raise ValueError(f"--speculation {config.speculation!r} is not a registered proposer ({known})")
+        self.proposers.default = gateway_pb2.SpeculationSpec(proposer=config.speculation)
         limits = ConstraintLimits(config.max_constraint_bytes, config.constraint_compile_timeout_s)
         self.grammar_engines = {
             model.name: GrammarEngine(model, limits, config.tokenizer_timeout_s) for model in registry.text.values()
@@ -228,6 +235,9 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
                 raise InvalidArgument("logprobs", "is not available with beam search")
         if rows > self.config.max_batch_rows:
             raise InvalidArgument("n", f"needs {rows} rows; the gateway's batch holds {self.config.max_batch_rows}")
+        speculation = None
+        if not chain.is_search:
+            speculation = self.proposers.choose(request.speculation if request.HasField("speculation") else None)
         constraint = None
         if request.HasField("constraint"):
             if chain.is_search:
@@ -278,6 +288,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             constraint=constraint,
             suppressed_token_ids=suppressed_token_ids(model, request, constraint),
             special_tokens_in_text=request.allow_special_tokens,
+            speculation=speculation,
         )
         return generation, self.routers[model.name]
 

@@ -21,13 +21,22 @@ NO_IDS = np.zeros(0, dtype=np.int64)
 KV = ConcatKV | SharedKV
 
 
-def _forward(decoder: OnnxDecoder, kv: KV, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, KV, int]:
-    """Run `ids` (new positions of every row) so that rows then hold `lengths`; logits, KV after, µs."""
+def _forward(
+    decoder: OnnxDecoder, kv: KV, ids: np.ndarray, lengths: np.ndarray, every_position: bool = False
+) -> tuple[np.ndarray, KV, int]:
+    """Run `ids` (new positions of every row) so that rows then hold `lengths`; logits (of each row's last
+    position, or of every new one), KV after, µs."""
     new = ids.shape[1]
     kv = kv.ready(int(lengths.max()), decoder.to_device, decoder.context_length)
     mask, positions = kv.feeds(lengths, new)
     logits, presents, us = decoder.forward(
-        ids, mask, positions, kv.values, share=kv.shares_buffer, last=kv.logit_positions(lengths, new)
+        ids,
+        mask,
+        positions,
+        kv.values,
+        share=kv.shares_buffer,
+        last=kv.logit_positions(lengths, new),
+        every_position=every_position,
     )
     return logits, kv.after_step(presents), us
 
@@ -78,6 +87,13 @@ class Batch:
             elif rows.size:
                 for run in runs:
                     logits[rows, run] = -np.inf
+
+    def suppress_row(self, logits: np.ndarray, row: int) -> None:
+        """Set row `row`'s suppressed ids to -inf in `logits` ([positions, vocab] of that row, in place)."""
+        ids = self.suppressed[row] if self.suppressed else NO_IDS
+        if ids.size:
+            for run in _runs(ids):
+                logits[:, run] = -np.inf
 
     @classmethod
     def from_prefill(
@@ -170,6 +186,62 @@ class Batch:
         joined = Batch.concatenate(decoder, parts)
         self.kv, self.lengths = joined.kv, joined.lengths
         return np.concatenate(logits), forward_us
+
+    def verify(
+        self, decoder: OnnxDecoder, next_ids: np.ndarray, drafts: Sequence[np.ndarray]
+    ) -> tuple[list[np.ndarray], int]:
+        """Append each row's next id and its draft ids (none for some rows) and run them: per row, its logits
+        after the next id and after each draft (float32 [1 + drafts, vocab]), and µs. The batch then holds every
+        fed id; `rollback` drops the rejected ones. Needs decoder.multi_position_logits."""
+        counts = np.array([len(d) for d in drafts], dtype=np.int64)
+        width = 1 + int(counts.max())
+        ids = np.empty((self.rows, width), dtype=np.int64)
+        ids[:, 0] = next_ids
+        for row, draft in enumerate(drafts):
+            ids[row, 1 : 1 + len(draft)] = draft
+            ids[row, 1 + len(draft) :] = ids[row, len(draft)]  # padding, dropped right after the step
+        if self.rows == 1 or decoder.storage_cls.left_padded:
+            lengths = self.lengths + width
+            logits, self.kv, us = _forward(decoder, self.kv, ids, lengths, every_position=True)
+            self.lengths = lengths
+            self.rollback(decoder, width - 1 - counts)
+            return [logits[row, : 1 + counts[row]] for row in range(self.rows)], us
+        return self._verify_rows_alone(decoder, ids, counts)
+
+    def _verify_rows_alone(self, decoder: OnnxDecoder, ids: np.ndarray, counts: np.ndarray):
+        """A shared buffer (GroupQueryAttention): one step feeds every row its next id, then each row with drafts
+        runs them alone (the kernel takes several new tokens after a past only for a batch of one), on a view of
+        its own rows of the buffers on CPU, or on a copy elsewhere."""
+        first, forward_us = self.step(decoder, ids[:, 0])
+        out = [first[row : row + 1] for row in range(self.rows)]
+        drafted = np.flatnonzero(counts)
+        self.kv = self.kv.ready(int((self.lengths + counts).max()), decoder.to_device, decoder.context_length)
+        if decoder.device != "cpu":
+            parts = [self.filter(decoder, [row]) for row in range(self.rows)]
+        for row in drafted.tolist():
+            k = int(counts[row])
+            length = self.lengths[row : row + 1] + k
+            if decoder.device == "cpu":
+                kv = self.kv.row_view(row, decoder.to_device)
+            else:
+                kv = parts[row].kv
+            logits, kv, us = _forward(decoder, kv, ids[row : row + 1, 1 : 1 + k], length, every_position=True)
+            if decoder.device != "cpu":
+                parts[row].kv, parts[row].lengths = kv, length
+            out[row] = np.concatenate([out[row], logits[0]])
+            forward_us += us
+        if decoder.device != "cpu":
+            self.kv = Batch.concatenate(decoder, parts).kv
+        self.lengths = self.lengths + counts
+        return out, forward_us
+
+    def rollback(self, decoder: OnnxDecoder, drop: np.ndarray) -> None:
+        """Forget each row's last drop[i] tokens (rejected drafts): its logits are then a never-drafted row's."""
+        drop = np.asarray(drop, dtype=np.int64)
+        if not drop.any():
+            return
+        self.kv = self.kv.rollback(self.lengths, drop, decoder.to_device)
+        self.lengths = self.lengths - drop
 
     def filter(self, decoder: OnnxDecoder, rows: Sequence[int]) -> Batch:
         """The rows at these indices, in this order (repeats copy a row); unneeded padding is dropped."""

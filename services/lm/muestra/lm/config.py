@@ -37,6 +37,10 @@ class LmConfig(ServiceConfig, RedisConfig):
     max_greedy_steps: int = dataclasses.field(
         default=64, metadata={"help": "most greedy steps one Decode may run (DecodeRequest.greedy_steps)"}
     )
+    max_draft_tokens: int = dataclasses.field(
+        default=16,
+        metadata={"help": "most draft tokens one row may have verified in one Decode (DecodeBatch.draft_lengths)"},
+    )
     batch_idle_s: float = dataclasses.field(
         default=300.0,
         metadata={

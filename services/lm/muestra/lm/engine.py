@@ -49,6 +49,10 @@ class DecodeInput:
     outputs: list[OutputSpec] | None
     # One allowed-token bitmask per row for this step (b"": every token), or None: none.
     allowed: list[bytes] | None = None
+    # Per row, the draft ids verified after its next id (int64, maybe empty), or None: no drafts.
+    drafts: list[np.ndarray] | None = None
+    # Per row, how many tokens to drop from the end of its KV before the step (rejected drafts), or None.
+    rollback: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -62,6 +66,10 @@ class StepResult:
     # With greedy steps: int64 [rows, steps run], each row's argmax after each step (the last column is
     # the argmax of `logits`).
     greedy_ids: np.ndarray | None = None
+    # With drafts, per row: a LOGITS row's logits after each of its drafts ([drafts, vocab], after its row of
+    # `logits`), or an ARGMAX row's count of accepted drafts (`logits` is then after the last one); else None.
+    draft_logits: list[np.ndarray | None] | None = None
+    accepted: list[int | None] | None = None
 
 
 @dataclasses.dataclass
@@ -81,6 +89,7 @@ class Engine:
         max_top_n: int,
         max_tokens_per_row: int = 32,
         max_greedy_steps: int = 64,
+        max_draft_tokens: int = 16,
     ) -> None:
         self.decoder = decoder
         self.info = decoder.info
@@ -89,6 +98,8 @@ class Engine:
         self.max_top_n = max_top_n
         self.max_tokens_per_row = max_tokens_per_row
         self.max_greedy_steps = max_greedy_steps
+        # A graph that gives only its last position's logits cannot verify drafts.
+        self.max_draft_tokens = max_draft_tokens if decoder.multi_position_logits else 0
         self.batches: dict[str, Batch] = {}
         self._sizes: dict[str, tuple[int, int]] = {}
         # batch id -> (lease, time.monotonic() of its last use)
@@ -232,6 +243,10 @@ class Engine:
         check_limit("greedy_steps", greedy_steps, 1, self.max_greedy_steps)
         if greedy_steps > 1 and tokens_per_row > 1:
             raise InvalidArgument("greedy_steps", "needs tokens_per_row 1 (feed forced tokens in a call of their own)")
+        drafting = any(item.drafts is not None for item in items)
+        if drafting and (tokens_per_row > 1 or greedy_steps > 1):
+            field = "tokens_per_row" if tokens_per_row > 1 else "greedy_steps"
+            raise InvalidArgument(field, "a Decode with draft tokens feeds one next id per row and runs one step")
         # The KV a call may add to a row: its fed tokens, then one per greedy step after the first.
         added = tokens_per_row + greedy_steps - 1
         seen = set()
@@ -251,11 +266,14 @@ class Engine:
                     f"batches[{i}].outputs", f"got {len(item.outputs)} specs for a batch of {batch.rows} rows"
                 )
             self.check_ids(f"batches[{i}].next_ids", item.next_ids)
-            full = np.flatnonzero(batch.lengths + added > self.info.context_length)
+            held = batch.lengths - self._check_rollback(i, item, batch)
+            adds = added + self._check_drafts(i, item, batch)
+            full = np.flatnonzero(held + adds > self.info.context_length)
             if full.size:
+                row = int(full[0])
                 raise InvalidArgument(
                     f"batches[{i}].next_ids",
-                    f"row {int(full[0])} holds {int(batch.lengths[full[0]])} tokens; {added} more would "
+                    f"row {row} holds {int(held[row])} tokens; {int(adds[row])} more would "
                     f"pass the context length {self.info.context_length}",
                 )
             batches.append(batch)
@@ -264,7 +282,10 @@ class Engine:
             raise InvalidArgument(
                 "batches", f"the batches hold {rows} rows together; max_batch_rows is {self.max_batch_rows}"
             )
-        lengths = np.concatenate([b.lengths for b in batches]) + added
+        lengths = np.concatenate(
+            [b.lengths - (item.rollback if item.rollback is not None else 0) for item, b in zip(items, batches)]
+        )
+        lengths += added + np.concatenate([_draft_counts(item, b) for item, b in zip(items, batches)])
         freed = sum(self._sizes[item.batch_id][0] for item in items)
         self._reserve("Decode", freed, self._bytes_for(lengths.tolist()))
 
@@ -278,10 +299,20 @@ class Engine:
             wrong = next((r for r, (kind, _) in enumerate(specs) if kind != lm_pb2.ARGMAX), None)
             if wrong is not None:
                 raise InvalidArgument("greedy_steps", f"every row must want ARGMAX outputs; row {wrong} does not")
+        drafts = None
+        if drafting:
+            drafts = [d for item, b in zip(items, batches, strict=True) for d in (item.drafts or [NO_IDS] * b.rows)]
+            self._check_draft_rows(drafts, specs, allowed)
 
-        # A joined copy replaces the originals only once its step has succeeded.
+        # Rolled back and joined copies replace the originals only once the step has succeeded.
+        batches = [_rolled_back(self.decoder, item, b) for item, b in zip(items, batches, strict=True)]
         batch = batches[0] if len(batches) == 1 else Batch.concatenate(self.decoder, batches)
         next_ids = np.concatenate([item.next_ids for item in items]).reshape(rows, tokens_per_row)
+        if drafts is not None:
+            result = self._verify(batch, next_ids[:, 0], drafts, specs, allowed)
+            batch.outputs = specs
+            result.batch_id = self._store(batch, lease, [item.batch_id for item in items])
+            return result
         if greedy_steps > 1:
             logits, forward_us, greedy_ids = self._greedy_steps(batch, next_ids, greedy_steps, stop_ids, items)
         else:
@@ -292,6 +323,76 @@ class Engine:
         batch.outputs = specs
         stored = self._store(batch, lease, [item.batch_id for item in items])
         return StepResult(stored, logits, specs, forward_us, allowed, greedy_ids)
+
+    def _check_rollback(self, i: int, item: DecodeInput, batch: Batch) -> np.ndarray:
+        """The tokens each row drops before the step (item.rollback, checked), or zeros."""
+        if item.rollback is None:
+            return np.zeros(batch.rows, dtype=np.int64)
+        if item.rollback.size != batch.rows:
+            raise InvalidArgument(
+                f"batches[{i}].rollback", f"got {item.rollback.size} counts for a batch of {batch.rows} rows"
+            )
+        over = np.flatnonzero(item.rollback >= batch.lengths)
+        if over.size:
+            row = int(over[0])
+            raise InvalidArgument(
+                f"batches[{i}].rollback[{row}]",
+                f"row {row} holds {int(batch.lengths[row])} tokens; it cannot drop {int(item.rollback[row])}",
+            )
+        return item.rollback
+
+    def _check_drafts(self, i: int, item: DecodeInput, batch: Batch) -> np.ndarray:
+        """Each row's number of drafts (checked against the service's limit), or zeros."""
+        counts = _draft_counts(item, batch)
+        if item.drafts is None:
+            return counts
+        field = f"batches[{i}].draft_lengths"
+        if len(item.drafts) != batch.rows:
+            raise InvalidArgument(field, f"got {len(item.drafts)} lengths for a batch of {batch.rows} rows")
+        if self.max_draft_tokens == 0:
+            raise InvalidArgument(
+                field, "this model's graph gives only its last position's logits, so it cannot verify drafts "
+                "(max_draft_tokens 0; export it again with muestra export-lm)",
+            )  # fmt: skip
+        for row, count in enumerate(counts.tolist()):
+            check_limit(f"{field}[{row}]", count, 0, self.max_draft_tokens)
+        self.check_ids(f"batches[{i}].draft_ids", np.concatenate(item.drafts))
+        return counts
+
+    def _check_draft_rows(self, drafts: list[np.ndarray], specs: list[OutputSpec], allowed) -> None:
+        for row, draft in enumerate(drafts):
+            if not draft.size:
+                continue
+            if specs[row][0] == lm_pb2.TOP_N:
+                raise InvalidArgument("draft_lengths", f"row {row} has drafts and wants TOP_N output (LOGITS or ARGMAX)")
+            if allowed is not None and allowed[row]:
+                raise InvalidArgument("draft_lengths", f"row {row} has drafts and an allowed_tokens mask")
+
+    def _verify(self, batch: Batch, next_ids: np.ndarray, drafts: list[np.ndarray], specs, allowed) -> StepResult:
+        """One verification step: ARGMAX rows accept their drafts here and drop the rest from the KV; LOGITS
+        rows get every position's logits and keep every draft until their caller's rollback."""
+        per_row, forward_us = batch.verify(self.decoder, next_ids, drafts)
+        last = np.empty((batch.rows, self.info.vocab_size), dtype=np.float32)
+        draft_logits: list[np.ndarray | None] = [None] * batch.rows
+        accepted: list[int | None] = [None] * batch.rows
+        drop = np.zeros(batch.rows, dtype=np.int64)
+        for row, logits in enumerate(per_row):
+            if allowed is None or not allowed[row]:  # a step's mask decides alone for its row
+                batch.suppress_row(logits, row)
+            draft = drafts[row]
+            if not draft.size:
+                last[row] = logits[0]
+            elif specs[row][0] == lm_pb2.ARGMAX:
+                picked = logits.argmax(axis=-1)
+                matches = picked[:-1] == draft
+                taken = int(draft.size if matches.all() else np.argmin(matches))
+                accepted[row] = taken
+                drop[row] = draft.size - taken
+                last[row] = logits[taken]
+            else:
+                last[row], draft_logits[row] = logits[0], logits[1:]
+        batch.rollback(self.decoder, drop)
+        return StepResult("", last, specs, forward_us, allowed, None, draft_logits, accepted)
 
     def _greedy_steps(
         self, batch: Batch, next_ids: np.ndarray, steps: int, stop_ids: Sequence[int], items: Sequence[DecodeInput]
@@ -360,3 +461,18 @@ class Engine:
         for batch_id in batch_ids:
             self._drop(batch_id)
         return len(batch_ids), rows
+
+
+def _draft_counts(item: DecodeInput, batch: Batch) -> np.ndarray:
+    if item.drafts is None:
+        return np.zeros(batch.rows, dtype=np.int64)
+    return np.array([d.size for d in item.drafts], dtype=np.int64)
+
+
+def _rolled_back(decoder: OnnxDecoder, item: DecodeInput, batch: Batch) -> Batch:
+    """The batch without the tokens its caller rejected: a copy (the original stays until the step succeeded)."""
+    if item.rollback is None or not item.rollback.any():
+        return batch
+    copy = dataclasses.replace(batch, _suppressed_at=None)
+    copy.rollback(decoder, item.rollback)
+    return copy

@@ -10,7 +10,8 @@ Two layouts, chosen by the graph:
   the graph writes the new positions in place. Rows are right-padded: row i holds positions
   [0, lengths[i]) and the graph reads each row's length from the attention mask.
 
-Only Filter (`select`), joining batches (`concatenate`) and a shared buffer's growth copy KV.
+Only Filter (`select`), joining batches (`concatenate`), a shared buffer's growth and a left-padded
+batch's rollback of rejected draft tokens copy KV; a shared buffer's rollback is its rows' lengths.
 """
 
 from __future__ import annotations
@@ -108,6 +109,19 @@ class ConcatKV:
         """Row `row`'s KV of its `length` positions, one [kv_heads, length, head_dim] array per tensor."""
         return [a[row, :, self.width - length :] for a in self.host_arrays()]
 
+    def rollback(self, lengths: np.ndarray, drop: np.ndarray, to_device: ToDevice) -> ConcatKV:
+        """Rows holding `lengths` without their last `drop` positions, realigned to the right end (one copy)."""
+        kept = lengths - drop
+        width = int(kept.max())
+        out = []
+        for a in self.host_arrays():
+            buffer = np.zeros((a.shape[0], a.shape[1], width, a.shape[3]), a.dtype)
+            for row in range(a.shape[0]):
+                end = self.width - int(drop[row])
+                buffer[row, :, width - int(kept[row]) :] = a[row, :, end - int(kept[row]) : end]
+            out.append(buffer)
+        return ConcatKV([to_device(a) for a in out])
+
     def select(self, rows: Sequence[int], lengths: np.ndarray, to_device: ToDevice, limit: int) -> ConcatKV:
         """Rows in a new order (repeats allowed), dropping left padding that no kept row needs."""
         index = np.asarray(rows, dtype=np.int64)
@@ -178,6 +192,14 @@ class SharedKV:
 
     def after_step(self, presents: list[ort.OrtValue]) -> SharedKV:
         return self
+
+    def rollback(self, lengths: np.ndarray, drop: np.ndarray, to_device: ToDevice) -> SharedKV:
+        """Positions past a row's length are never read, and the next step writes over them: nothing to copy."""
+        return self
+
+    def row_view(self, row: int, to_device: ToDevice) -> SharedKV:
+        """Row `row` as a batch of one over the same memory (CPU buffers only): a step on it writes in place."""
+        return SharedKV([to_device(a[row : row + 1]) for a in self.host_arrays()])
 
     def host_arrays(self) -> list[np.ndarray]:
         return [v.numpy() for v in self.values]

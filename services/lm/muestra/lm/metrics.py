@@ -33,3 +33,11 @@ DECODE_STEP_SECONDS = Histogram(
 BATCH_ROWS = Histogram(
     "muestra_lm_decode_batch_rows", "Rows in the batch of one decode step", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
 )
+DRAFT_TOKENS = Counter(
+    "muestra_lm_spec_decode_num_draft_tokens",
+    "Draft tokens scored by verification steps (vllm:spec_decode_num_draft_tokens)",
+)
+ACCEPTED_DRAFT_TOKENS = Counter(
+    "muestra_lm_spec_decode_num_argmax_accepted_tokens",
+    "Draft tokens the lm accepted for ARGMAX rows (the gateway judges the others' with their samplers)",
+)

@@ -23,6 +23,9 @@ from muestra.lm.kv import ConcatKV, SharedKV
 
 log = logging.getLogger("muestra.lm")
 
+# The graph input that names the positions whose logits a step returns, and its value for the last one.
+LOGITS_POSITIONS = "logits_positions"
+_LAST = np.array([-1], dtype=np.int64)
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _ONNX_DTYPES = {"tensor(float)": np.dtype(np.float32), "tensor(float16)": np.dtype(np.float16)}
 _INT_DTYPES = {"tensor(int64)": np.dtype(np.int64), "tensor(int32)": np.dtype(np.int32)}
@@ -261,6 +264,8 @@ class OnnxDecoder:
         if self.has_position_ids:
             self.pos_dtype = _INT_DTYPES.get(inputs["position_ids"].type, self.pos_dtype)
         self.kv_dtype = kv_dtype
+        # A graph that keeps only some positions' logits names them in this input (muestra's exporter).
+        self.has_logits_positions = LOGITS_POSITIONS in inputs
         self.output_names = ["logits", *self.present_names]
         self._binding: ort.IOBinding | None = None
 
@@ -289,6 +294,8 @@ class OnnxDecoder:
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
         self.logits_all = logits.shape()[1] != 1
+        # Whether a step can give the logits of several of its positions (speculative verification).
+        self.multi_position_logits = self.logits_all or self.has_logits_positions
         present_shape = presents[0].shape()
         self.num_kv_heads, self.head_dim = int(present_shape[1]), int(present_shape[3])
         vocab = int(logits.shape()[-1])
@@ -339,13 +346,17 @@ class OnnxDecoder:
         past: list[ort.OrtValue],
         share: bool = False,
         last: np.ndarray | None = None,
+        every_position: bool = False,
     ) -> tuple[np.ndarray, list[ort.OrtValue], int]:
         """One step: each row's last logits (float32 [rows, vocab]), the presents, microseconds.
 
         `share` binds each past buffer as its present too (the graph writes in place); `last`
         gives each row's position of its last token in the step (default: the step's last).
+        `every_position` returns the logits after every new position instead ([rows, new, vocab];
+        only where multi_position_logits).
         """
-        binding = self._bind(input_ids, attention_mask, position_ids, past, share)
+        keep = np.arange(input_ids.shape[1], dtype=np.int64) if every_position else _LAST
+        binding = self._bind(input_ids, attention_mask, position_ids, past, share, keep)
         started = time.perf_counter()
         self.session.run_with_iobinding(binding)
         forward_us = int((time.perf_counter() - started) * 1e6)
@@ -354,13 +365,17 @@ class OnnxDecoder:
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
         logits = values[0].numpy()
+        if every_position:
+            if not self.has_logits_positions:  # a graph that gives every position's logits
+                logits = logits[:, -input_ids.shape[1] :]
+            return np.array(logits, dtype=np.float32), list(values[1:]), forward_us
         if last is None or logits.shape[1] == 1:
             picked = logits[:, -1, :]
         else:
             picked = logits[np.arange(logits.shape[0]), last, :]
         return np.array(picked, dtype=np.float32), list(values[1:]), forward_us
 
-    def _bind(self, input_ids, attention_mask, position_ids, past, share: bool = False) -> ort.IOBinding:
+    def _bind(self, input_ids, attention_mask, position_ids, past, share: bool = False, keep=None) -> ort.IOBinding:
         # One binding, reused: creating one costs more than a small model's whole step.
         if self._binding is None:
             self._binding = self.session.io_binding()
@@ -369,6 +384,8 @@ class OnnxDecoder:
         binding.bind_cpu_input("attention_mask", attention_mask.astype(self.mask_dtype, copy=False))
         if self.has_position_ids:
             binding.bind_cpu_input("position_ids", position_ids.astype(self.pos_dtype, copy=False))
+        if self.has_logits_positions:
+            binding.bind_cpu_input(LOGITS_POSITIONS, _LAST if keep is None else keep)
         for name, value in zip(self.past_names, past, strict=True):
             binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits", "cpu")

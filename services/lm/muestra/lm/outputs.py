@@ -47,28 +47,45 @@ def batch_output(
     specs: Sequence[OutputSpec],
     allowed: Sequence[bytes] | None = None,
     greedy_ids: np.ndarray | None = None,
+    draft_logits: Sequence[np.ndarray | None] | None = None,
+    accepted: Sequence[int | None] | None = None,
 ) -> lm_pb2.BatchOutput:
     """Pack a step's last-position logits (float32 [rows, vocab]) per row spec; argmax is always set.
 
     Rows with an allowed-token bitmask are masked first, so their argmax, top-n and logits all see
-    only the allowed tokens. `greedy_ids` ([rows, steps], from greedy steps) go to each row's greedy_ids."""
+    only the allowed tokens. `greedy_ids` ([rows, steps], from greedy steps) go to each row's greedy_ids.
+    A LOGITS row with `draft_logits` ships them right after its own row (RowOutput.positions); an ARGMAX
+    row's `accepted` count goes to its accepted_drafts."""
     if allowed is not None and any(allowed):
         logits = apply_allowed(logits, allowed)
     argmax = logits.argmax(axis=-1)
     full = [i for i, (kind, _) in enumerate(specs) if kind in _FULL]
+    extra = draft_logits or [None] * len(specs)
     out = lm_pb2.BatchOutput()
+    logits_row: dict[int, int] = {}
     if full:
-        packed = logits if len(full) == len(specs) else logits[full]
+        parts, at = [], 0
+        for i in full:
+            logits_row[i] = at
+            parts.append(logits[i : i + 1])
+            at += 1
+            if extra[i] is not None:
+                parts.append(extra[i])
+                at += len(extra[i])
+        packed = logits if at == len(specs) else np.concatenate(parts)
         out.logits.CopyFrom(
             common_pb2.Tensor(
                 dtype=common_pb2.FLOAT32,
-                shape=[len(full), logits.shape[-1]],
+                shape=[at, logits.shape[-1]],
                 data=np.ascontiguousarray(packed, dtype="<f4").tobytes(),
             )
         )
-    logits_row = {row: i for i, row in enumerate(full)}
     for i, (kind, n) in enumerate(specs):
         row = out.rows.add(logits_row=logits_row.get(i, -1), argmax=int(argmax[i]))
+        if extra[i] is not None and i in logits_row:
+            row.positions = 1 + len(extra[i])
+        if accepted is not None and accepted[i] is not None:
+            row.accepted_drafts = accepted[i]
         if greedy_ids is not None:
             row.greedy_ids.extend(greedy_ids[i].tolist())
         if kind == lm_pb2.TOP_N:

@@ -45,6 +45,30 @@ def _ids(values) -> np.ndarray:
     return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
+def _drafts(i: int, batch: lm_pb2.DecodeBatch) -> list[np.ndarray] | None:
+    """A DecodeBatch's draft ids split per row by its draft_lengths, or None when it has none."""
+    if not batch.draft_lengths and not batch.draft_ids:
+        return None
+    total = sum(batch.draft_lengths)
+    if total != len(batch.draft_ids):
+        raise InvalidArgument(
+            f"batches[{i}].draft_ids", f"got {len(batch.draft_ids)} ids; draft_lengths add up to {total}"
+        )
+    ids = _ids(batch.draft_ids)
+    ends = np.cumsum(np.fromiter(batch.draft_lengths, dtype=np.int64, count=len(batch.draft_lengths)))
+    return np.split(ids, ends[:-1]) if len(ends) else []
+
+
+def _count_drafts(result: StepResult) -> None:
+    """Draft tokens a verification step scored, and how many of the ARGMAX rows' drafts it accepted."""
+    rows = [
+        (len(d) if d is not None else 0, a)
+        for d, a in zip(result.draft_logits or [None] * len(result.accepted), result.accepted, strict=True)
+    ]
+    metrics.DRAFT_TOKENS.inc(sum(n for n, _ in rows))
+    metrics.ACCEPTED_DRAFT_TOKENS.inc(sum(a for _, a in rows if a is not None))
+
+
 def _load(load: Load) -> lm_pb2.ServiceLoad:
     return lm_pb2.ServiceLoad(
         batches=load.batches, rows=load.rows, kv_bytes=load.kv_bytes, kv_budget_bytes=load.kv_budget_bytes
@@ -91,7 +115,12 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
 
     def _step_output(self, step, *args) -> tuple[StepResult, lm_pb2.BatchOutput]:
         result = step(*args)
-        return result, batch_output(result.logits, result.specs, result.allowed, result.greedy_ids)
+        output = batch_output(
+            result.logits, result.specs, result.allowed, result.greedy_ids, result.draft_logits, result.accepted
+        )
+        if result.accepted is not None:
+            _count_drafts(result)
+        return result, output
 
     async def Describe(self, request, context) -> lm_pb2.DescribeModelResponse:
         info = self.engine.info
@@ -113,6 +142,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             max_batch_rows=self.engine.max_batch_rows,
             generation_config_json=info.generation_config_json,
             max_greedy_steps=self.engine.max_greedy_steps,
+            max_draft_tokens=self.engine.max_draft_tokens,
         )
 
     async def Prefill(self, request, context) -> lm_pb2.PrefillResponse:
@@ -203,7 +233,16 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 self.engine.check_allowed(f"batches[{i}].outputs[{j}].allowed_tokens", spec.allowed_tokens)
                 for j, spec in enumerate(batch.outputs)
             ]
-            items.append(DecodeInput(batch.batch_id, _ids(batch.next_ids), specs or None, allowed or None))
+            items.append(
+                DecodeInput(
+                    batch.batch_id,
+                    _ids(batch.next_ids),
+                    specs or None,
+                    allowed or None,
+                    _drafts(i, batch),
+                    _ids(batch.rollback) if batch.rollback else None,
+                )
+            )
         tokens = request.tokens_per_row or 1
         steps = request.greedy_steps or 1
         check_limit("stop_token_ids", len(request.stop_token_ids), 0, MAX_STOP_IDS)
@@ -301,7 +340,7 @@ def load_engine(config: LmConfig) -> Engine:
     )  # fmt: skip
     return Engine(
         decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n, config.max_tokens_per_row,
-        config.max_greedy_steps,
+        config.max_greedy_steps, config.max_draft_tokens,
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ import dataclasses
 
 from muestra.gateway.constraints.engine import fill_masks
 from muestra.gateway.generation.request import BeamGroup, BeamRow, GenerationRequest, Sequence
+from muestra.gateway.generation.speculation import RowSpeculation
 from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows
 from muestra.runtime.errors import InvalidArgument
 from muestra.v1 import lm_pb2
@@ -82,7 +83,11 @@ def request_rows(request: GenerationRequest, model_info: ModelInfo, mask_in_lm: 
         fill_masks([s.constraint for s in sampling])
         if sampling[0].constraint.error:
             raise InvalidArgument("constraint", f"allows no text at all ({sampling[0].constraint.error})")
-    return [Sequence(request, i, s) for i, s in enumerate(sampling)]
+    rows = [Sequence(request, i, s) for i, s in enumerate(sampling)]
+    if request.speculation is not None:
+        for row in rows:
+            row.speculation = RowSpeculation.start(request.speculation)
+    return rows
 
 
 def requests(rows: list[Row]) -> list[GenerationRequest]:
@@ -148,6 +153,17 @@ def decode_batch(batch_id: str, rows: list[Row], masked: bool, tokens: int) -> l
         batch.next_ids.extend(feed[:tokens])
         rest = feed[tokens:]
         row.pending_token, row.queued, row.in_flight = (rest[0] if rest else None), rest[1:], bool(rest)
+    sequences = [row for row in rows if isinstance(row, Sequence)]
+    if any(row.drafts for row in sequences):
+        for row in rows:
+            drafts = row.drafts if isinstance(row, Sequence) else []
+            batch.draft_lengths.append(len(drafts))
+            batch.draft_ids.extend(drafts)
+    if any(row.rollback for row in sequences):
+        for row in rows:
+            batch.rollback.append(row.rollback if isinstance(row, Sequence) else 0)
+            if isinstance(row, Sequence):
+                row.rollback = 0
     if masked:
         for row in rows:
             kind = row.sampling.output_kind if isinstance(row, Sequence) else lm_pb2.LOGITS

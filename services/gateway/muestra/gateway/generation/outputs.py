@@ -21,8 +21,9 @@ from muestra.gateway import metrics
 from muestra.gateway.constraints.engine import fill_masks
 from muestra.gateway.generation.batch import Row, groups
 from muestra.gateway.generation.request import BeamGroup, Sequence
+from muestra.gateway.generation.speculation import count
 from muestra.gateway.sampling import StepResult, sample_next_tokens
-from muestra.v1 import gateway_pb2
+from muestra.v1 import gateway_pb2, lm_pb2
 
 # Forced tokens a row may take ahead of the lm.
 MAX_QUEUED = 16
@@ -44,7 +45,10 @@ class OutputProcessor:
     ) -> list[BeamGroup]:
         """Pick every row's next token (samplers, or the beam search) and apply the finish rules; the beam
         groups whose search is done (to be finished with `finish_beams` once their text is known)."""
-        positions = [i for i, row in enumerate(rows) if isinstance(row, Sequence) and not row.in_flight]
+        # Rows whose drafts were verified take their tokens in accept_verified.
+        positions = [
+            i for i, row in enumerate(rows) if isinstance(row, Sequence) and not row.in_flight and not row.drafts
+        ]
         if positions:
             chosen = [rows[i] for i in positions]
             result = sample_next_tokens(
@@ -73,6 +77,45 @@ class OutputProcessor:
                 row.pending_token = None  # the lm fed every token of the burst but the last
                 row.sampling.context.append(token)
                 self.take_token(row, token, now)
+
+    def accept_verified(self, rows: list[Row], outputs, logits: np.ndarray | None) -> None:
+        """Take the tokens of the rows whose drafts this step verified (speculation.py): a greedy row's accepted
+        drafts and the argmax after them (the lm compared them), or, for a sampled row, what its chain picks at
+        each position in order while that is the draft, then the chain's own token."""
+        now = time.monotonic()
+        for row, out in zip(rows, outputs, strict=True):
+            if not isinstance(row, Sequence) or not row.drafts:
+                continue
+            drafts, row.drafts = row.drafts, []
+            if row.finished:  # a stop string matched while this step ran; the row leaves next step
+                continue
+            if row.sampling.output_kind == lm_pb2.ARGMAX:
+                accepted = min(out.accepted_drafts, len(drafts))
+                for token in [*drafts[:accepted], out.argmax]:
+                    if row.finished:
+                        break
+                    row.pending_token = None  # the lm holds every accepted draft
+                    row.sampling.context.append(token)
+                    self.take_token(row, token, now)
+            else:
+                accepted = self._judge(row, drafts, logits, out.logits_row, now)
+                row.rollback = len(drafts) - accepted
+            count(row, len(drafts), accepted, self.model.name)
+
+    def _judge(self, row: Sequence, drafts: list[int], logits: np.ndarray, first: int, now: float) -> int:
+        """Run the row's chain on the verified positions in order; how many drafts it picked before its first
+        other token (which it takes instead, as one step at a time would)."""
+        accepted = 0
+        for position in range(len(drafts) + 1):
+            row.pending_token = None  # the lm holds every token fed so far
+            result = sample_next_tokens([row.sampling], logits, [first + position])
+            self._take_sampled(row, result, 0, now)
+            if position == len(drafts) or result.errors[0] is not None or int(result.token_ids[0]) != drafts[position]:
+                break
+            accepted += 1
+            if row.finished:
+                break
+        return accepted
 
     def fast_forward(self, rows: list[Sequence], now: float) -> None:
         """Take every token a row's grammar forces (the only one it allows) right away, without sampling; they

@@ -35,6 +35,7 @@ class GenerationRequest:
     constraint: object = None  # a CompiledConstraint (muestra.gateway.constraints), or None
     suppressed_token_ids: tuple[int, ...] = ()  # never picked (special tokens; GenerateRequest.allow_special_tokens)
     special_tokens_in_text: bool = False  # allow_special_tokens: what is sampled is shown, special or not
+    speculation: object = None  # the request's proposer and params (proposers.registry.Speculation), or None
     # Filled in by the gateway and the scheduler.
     arrival: float = dataclasses.field(default_factory=time.monotonic)
     admitted: float | None = None
@@ -101,6 +102,11 @@ class Sequence:
         self.last_token_at = 0.0
         self.done_sent = False
         self.error = ""
+        # Speculative decoding: the row's state (generation.speculation.RowSpeculation, or None), the drafts
+        # sent with the step in flight, and how many rejected drafts its next Decode drops from its KV.
+        self.speculation = None
+        self.drafts: list[int] = []
+        self.rollback = 0
 
     @property
     def finished(self) -> bool:
@@ -148,6 +154,8 @@ class Sequence:
                 completion_tokens=len(self.generated),
                 cached_tokens=request.cached_tokens,
                 forced_tokens=self.forced_tokens,
+                accepted_draft_tokens=self.speculation.accepted_tokens if self.speculation is not None else 0,
+                draft_tokens=self.speculation.draft_tokens if self.speculation is not None else 0,
             ),
             timings=gateway_pb2.Timings(
                 queue_ms=((request.admitted or now) - request.arrival) * 1000,

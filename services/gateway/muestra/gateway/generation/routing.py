@@ -135,6 +135,7 @@ class Router:
             except grpc.aio.AioRpcError:
                 return
             scheduler.replica.max_greedy_steps = max(1, info.max_greedy_steps)
+            scheduler.replica.max_draft_tokens = info.max_draft_tokens
             scheduler.replica.kv = KvBudget.from_describe(info)
             log.info("lm replica %s is healthy again", scheduler.replica.address)
             scheduler.healthy = True
@@ -158,7 +159,10 @@ class Router:
                     log.error("lm at %s serves another model (%s); ignored", address, info.model)
                     await channel.close()
                     continue
-                replica = LmReplica(address, stub, channel, max(1, info.max_greedy_steps), KvBudget.from_describe(info))
+                replica = LmReplica(
+                    address, stub, channel, max(1, info.max_greedy_steps), info.max_draft_tokens,
+                    KvBudget.from_describe(info),
+                )  # fmt: skip
                 self.model.replicas.append(replica)
                 self._add(replica)
                 log.info("lm replica %s added to %s", address, self.model.name)

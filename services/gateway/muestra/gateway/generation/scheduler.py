@@ -29,6 +29,7 @@ from muestra.gateway.generation.lm_client import LmClient, LmFailed, logits_matr
 from muestra.gateway.generation.outputs import OutputProcessor
 from muestra.gateway.generation.progress import Progress
 from muestra.gateway.generation.request import GenerationRequest, Sequence
+from muestra.gateway.generation.speculation import SpeculationPolicy
 from muestra.gateway.generation.step_policy import StepPolicy, stop_ids, tokens_per_row
 from muestra.gateway.sampling import ModelInfo
 from muestra.runtime.errors import (
@@ -71,6 +72,7 @@ class ReplicaScheduler:
         self.steps = 0
         self.kv = KvAdmission(model.name, replica, config.greedy_burst)  # admission by the lm's KV budget
         self.policy = StepPolicy(config.greedy_burst, config.greedy_burst_ms, model.context_length)
+        self.speculation = SpeculationPolicy(model.name)
         self.progress = Progress()
         self.lm = LmClient(replica, self.progress, config.lm_timeout_s)
         self.outputs = OutputProcessor(model)
@@ -284,7 +286,11 @@ class ReplicaScheduler:
         # A request that could join now (one that arrived during admission) should not wait for a burst.
         joinable = bool(self.waiting) and len(every) + self.waiting[0].rows <= self.max_rows
         joinable = joinable and self.kv.fits(self.waiting[0], every)
-        steps = self.policy.burst(every, self.replica.max_greedy_steps, joinable)
+        drafted = 0
+        if tokens == 1:  # several tokens per row are a lone row's forced ones, never drafted
+            drafted = self.speculation.draft(every, self.replica.max_draft_tokens, self.model.context_length)
+        # Rows with drafts take several tokens in one step already: no greedy burst then.
+        steps = 1 if drafted else self.policy.burst(every, self.replica.max_greedy_steps, joinable)
         request = lm_pb2.DecodeRequest(
             batches=self.batch.decode_batches(masked, tokens), tokens_per_row=tokens if tokens > 1 else 0
         )
@@ -296,7 +302,10 @@ class ReplicaScheduler:
         self.steps += 1
         ran = len(reply.output.rows[0].greedy_ids) if steps > 1 and reply.output.rows else 1
         metrics.DECODE_BURST.labels(self.model.name, self.replica.address).observe(ran)
-        self.policy.timed(reply.timing.total_us, ran)
+        if not drafted:
+            self.policy.timed(reply.timing.total_us, ran)
+        if steps == 1:
+            self.speculation.timed(reply.timing.total_us / 1e6, drafted)
         return reply
 
     async def _accept_step(self, reply: lm_pb2.DecodeResponse) -> list[Row]:
@@ -304,9 +313,11 @@ class ReplicaScheduler:
         if output.rows and output.rows[0].greedy_ids:
             self.outputs.accept_burst(self.batch.rows, [list(out.greedy_ids) for out in output.rows])
             return list(self.batch.rows)
+        logits = logits_matrix(output)
         await self._accept(
-            self.batch.rows, logits_matrix(output), [r.logits_row for r in output.rows], [r.argmax for r in output.rows]
+            self.batch.rows, logits, [r.logits_row for r in output.rows], [r.argmax for r in output.rows]
         )
+        self.outputs.accept_verified(self.batch.rows, output.rows, logits)
         return [row for row in self.batch.rows if isinstance(row, Sequence)]
 
     async def _accept(self, rows: list[Row], logits, index: list[int], argmax: list[int]) -> None:

@@ -11,6 +11,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from muestra.lm.export.families import LOGITS_POSITIONS
+
 _NUMPY_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -34,6 +36,14 @@ def empty_past(session: ort.InferenceSession, batch: int) -> dict[str, np.ndarra
     return past
 
 
+def last_position(session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    """The feed that asks a graph with a logits_positions input for the last position's logits (the default
+    of the graphs without one)."""
+    if any(node.name == LOGITS_POSITIONS for node in session.get_inputs()):
+        return {LOGITS_POSITIONS: np.array([-1], np.int64)}
+    return {}
+
+
 def run_step(
     session: ort.InferenceSession,
     input_ids: np.ndarray,
@@ -41,7 +51,7 @@ def run_step(
     past: dict[str, np.ndarray],
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """One forward pass; returns logits and the presents renamed as the next step's past."""
-    feed = {"input_ids": input_ids, "attention_mask": attention_mask, **past}
+    feed = {"input_ids": input_ids, "attention_mask": attention_mask, **past, **last_position(session)}
     if "position_ids" in {node.name for node in session.get_inputs()}:
         positions = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
         feed["position_ids"] = positions[:, -input_ids.shape[1] :].astype(np.int64)
@@ -77,6 +87,8 @@ def run_shared_step(
     binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
     binding.bind_cpu_input("attention_mask", mask)
     binding.bind_cpu_input("position_ids", positions.astype(np.int64))
+    for name, value in last_position(session).items():
+        binding.bind_cpu_input(name, value)
     binding.bind_output("logits")
     for name, buffer in buffers.items():
         value = ort.OrtValue.ortvalue_from_numpy(buffer)

@@ -176,7 +176,8 @@ def _export(
         metadata = {
             "format": METADATA_FORMAT,
             "family": family.name,
-            "logits": "last" if last_logits_only else "all",
+            # positions: the last one unless the step names others (logits_positions); all: every position.
+            "logits": "positions" if last_logits_only else "all",
             "logits_dtype": "float32",
             "kv_dtype": dtype,
             "weights_dtype": dtype,
@@ -318,9 +319,11 @@ def _export_graph(
     dtype = next(model.parameters()).dtype
     for _ in range(2 * num_layers):
         args.append(torch.zeros(batch, kv.num_kv_heads, room, kv.head_dim, dtype=dtype))
+    if last_logits_only:
+        args.append(torch.tensor([0, seq - 1]))
     raw_dir = staging / "raw"
     raw_dir.mkdir()
-    names = input_names(family, num_layers, shared)
+    names = input_names(family, num_layers, shared, logits_positions=last_logits_only)
     fused = fused_attention(model) if shared else nullcontext()
     with torch.no_grad(), warnings.catch_warnings(), static_rope(model), fused:
         warnings.simplefilter("ignore")

@@ -151,12 +151,19 @@ def static_rope(model: nn.Module):
             module.rope_type = kind
 
 
-def input_names(family: Family, num_layers: int, fused: bool = False) -> list[str]:
+# A graph that keeps only some positions' logits takes them as this input (default [-1], the last position):
+# a speculative step asks for every position it verifies.
+LOGITS_POSITIONS = "logits_positions"
+
+
+def input_names(family: Family, num_layers: int, fused: bool = False, logits_positions: bool = False) -> list[str]:
     names = ["input_ids", "attention_mask"]
     if family.position_ids or fused:
         names.append("position_ids")
     for i in range(num_layers):
         names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+    if logits_positions:
+        names.append(LOGITS_POSITIONS)
     return names
 
 
@@ -172,8 +179,10 @@ def dynamic_axes(inputs: list[str], num_layers: int, last_logits_only: bool, fus
     axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "past_sequence + sequence"},
-        "logits": {0: "batch"} if last_logits_only else {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "kept"} if last_logits_only else {0: "batch", 1: "sequence"},
     }
+    if LOGITS_POSITIONS in inputs:
+        axes[LOGITS_POSITIONS] = {0: "kept"}
     if "position_ids" in inputs:
         axes["position_ids"] = {0: "batch", 1: "sequence"}
     past, present = ("past_sequence", "present_sequence") if fused else ("past_sequence", "past_sequence + sequence")
@@ -203,13 +212,15 @@ class FlatCacheLM(nn.Module):
         if self.family.position_ids:
             kwargs["position_ids"], rest = rest[0], rest[1:]
         past = [(rest[2 * i], rest[2 * i + 1]) for i in range(self.num_layers)]
+        # The positions whose logits are kept (LOGITS_POSITIONS, after the pasts), or 0: every position.
+        keep = rest[2 * self.num_layers] if self.last_logits_only else 0
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             cache=DynamicCache(ddp_cache_data=past),
             use_cache=True,
-            # 1 keeps only the last position, before the vocabulary projection; 0 keeps all positions.
-            logits_to_keep=1 if self.last_logits_only else 0,
+            # Positions picked before the vocabulary projection; 0 keeps all positions.
+            logits_to_keep=keep,
             **kwargs,
         )
         presents = []

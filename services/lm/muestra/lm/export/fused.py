@@ -253,6 +253,8 @@ class FusedLM(nn.Module):
         seqlens_k = (attention_mask.sum(dim=1) - 1).to(torch.int32)
         total = torch._shape_as_tensor(attention_mask)[1].to(torch.int32)
         past = [(rest[2 * i], rest[2 * i + 1]) for i in range(self.num_layers)]
+        # The positions whose logits are kept (logits_positions, after the pasts), or 0: every position.
+        keep = rest[2 * self.num_layers] if self.last_logits_only else 0
         rotary = (self.rotary_cos, self.rotary_sin, position_ids) if self.rotary_modules else None
         _active = _Layers(past, seqlens_k, total, rotary)
         try:
@@ -262,7 +264,7 @@ class FusedLM(nn.Module):
                     position_ids=position_ids,
                     cache=_NewOnlyCache(),
                     use_cache=True,
-                    logits_to_keep=1 if self.last_logits_only else 0,
+                    logits_to_keep=keep,
                 )
             layers = _active.present
         finally:

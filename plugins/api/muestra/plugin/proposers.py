@@ -1,0 +1,94 @@
+"""The draft-proposer interface (speculative decoding).
+
+A proposer guesses the next few tokens of a row cheaply. The lm scores the row's next token and every
+draft in one forward, and the gateway runs the row's own sampler chain on those positions in order, with
+the row's random generator: a draft is kept only while the chain picks exactly it, and the first
+mismatch is replaced by the chain's own token. A proposer therefore changes how fast a text comes,
+never which text: a wrong guess costs time only.
+
+    class Repeat(DraftProposer):
+        name = "repeat_last"
+        description = "Proposes the last token again."
+        parameters = {"max_draft_tokens": Int(4, "Most tokens per draft.", ge=1, le=16)}
+
+        def propose(self, rows):
+            return [[int(row.ids[-1])] * row.max_tokens for row in rows]
+
+The gateway decides how many tokens each row may get (`DraftRow.max_tokens`, at most the request's
+max_draft_tokens): it lowers that for rows whose drafts are seldom accepted, and stops asking where
+speculation does not pay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from muestra.plugin.params import Bool, Int, Param, parameter_schema, validate_params
+
+# Every proposer's params carry this one; the gateway's limit per row (the lm's max_draft_tokens) caps it.
+MAX_DRAFT_TOKENS = Int(8, "Most draft tokens the lm verifies per step for one completion.", ge=1, le=16)
+# A proposer may declare this one too; the gateway reads it.
+ADAPTIVE = Bool(
+    True,
+    "Shorten a completion's drafts, and pause them, where they are seldom accepted; false: draft max_draft_tokens "
+    "at every step (measurements, tests).",
+)
+
+
+@dataclasses.dataclass
+class DraftRow:
+    """One completion asking for a draft."""
+
+    # Prompt ids followed by the ids generated so far (the last one is the token the lm scores next).
+    ids: np.ndarray
+    # How many draft tokens this step may verify (at least 1); a proposer may return fewer, or none.
+    max_tokens: int
+    # The proposer's params, as its `validate` returned them.
+    params: dict
+    # The proposer's private per-row state (kept between steps).
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class DraftProposer:
+    """A kind of draft: named, documented, with declared parameters."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""  # one line, shown by `muestra plugins`
+    parameters: ClassVar[dict[str, Param]] = {"max_draft_tokens": MAX_DRAFT_TOKENS}
+
+    @property
+    def parameter_schema(self) -> dict:
+        return parameter_schema(self.parameters)
+
+    def validate(self, params: Mapping[str, Any] | None) -> dict:
+        """Checked params with defaults filled in; raises SamplerParamError naming the field."""
+        return validate_params(self.name, self.parameters, params)
+
+    def propose(self, rows: Sequence[DraftRow]) -> list[Sequence[int]]:
+        """Per row, up to row.max_tokens draft ids (may be empty). Called between two decode steps, on the
+        gateway's event loop: keep it to microseconds per row."""
+        raise NotImplementedError
+
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+def check_proposer(proposer: object) -> None:
+    """Raise TypeError or ValueError if `proposer` cannot be registered (the registry's own check)."""
+    if isinstance(proposer, type):
+        raise TypeError(f"{proposer.__name__} is a class; register an instance")
+    if not isinstance(proposer, DraftProposer):
+        raise TypeError(f"{proposer!r} is not a DraftProposer")
+    if not _NAME.match(proposer.name or "") or proposer.name == "off":
+        raise ValueError(f"name {proposer.name!r} must match {_NAME.pattern} and not be 'off'")
+    if not proposer.description or "\n" in proposer.description:
+        raise ValueError(f"{proposer.name}: description must be one non-empty line")
+    if "max_draft_tokens" not in proposer.parameters:
+        raise ValueError(f"{proposer.name}: parameters must declare max_draft_tokens (muestra.plugin.MAX_DRAFT_TOKENS)")
+    json.dumps(proposer.parameter_schema)

@@ -1,0 +1,207 @@
+"""Speculative decoding through the real stack: for the same seed, a completion's tokens, text, logprobs and
+finish are the same with drafts as without, for every built-in sampler and chains of several, penalties and
+mirostat included, with n > 1, logprobs, and rows of other requests in the same batch; bad proposer
+parameters are INVALID_ARGUMENT naming the field."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import grpc
+import pytest
+
+from muestra.client import Client
+from tests.harness import free_port
+
+# Draft at every step, from any earlier occurrence of the last token: the tiny random models accept few of
+# a sampled row's drafts, so most steps exercise rejection and rollback, and greedy loops exercise acceptance.
+ALWAYS = {"proposer": "ngram", "params": {"adaptive": False, "min_ngram": 1, "max_ngram": 1, "max_draft_tokens": 6}}
+PROMPT = "a b c d a b c d a b c d a b"
+
+CHAINS = {
+    "greedy": [{"name": "greedy"}],
+    "sample": [{"name": "sample"}],
+    "temperature": [{"name": "temperature", "params": {"temperature": 0.7}}, {"name": "sample"}],
+    "top_k": [{"name": "top_k", "params": {"top_k": 3}}, {"name": "sample"}],
+    "top_k=1": [{"name": "top_k", "params": {"top_k": 1}}, {"name": "sample"}],
+    "top_p": [{"name": "top_p", "params": {"top_p": 0.5}}, {"name": "sample"}],
+    "min_p": [{"name": "min_p", "params": {"min_p": 0.2}}, {"name": "sample"}],
+    "typical_p": [{"name": "typical_p", "params": {"typical_p": 0.5}}, {"name": "sample"}],
+    "repetition_penalty": [{"name": "repetition_penalty", "params": {"repetition_penalty": 1.02}}, {"name": "greedy"}],
+    # Penalties change the scores by the text so far: their state advances per accepted draft.
+    "presence_penalty": [
+        {"name": "presence_penalty", "params": {"presence_penalty": 0.02}},
+        {"name": "top_k", "params": {"top_k": 3}},
+        {"name": "sample"},
+    ],
+    "frequency_penalty": [
+        {"name": "frequency_penalty", "params": {"frequency_penalty": 0.02}},
+        {"name": "top_k", "params": {"top_k": 3}},
+        {"name": "sample"},
+    ],
+    "logit_bias": [{"name": "logit_bias", "params": {"logit_bias": {"7": 5.0}}}, {"name": "greedy"}],
+    "mirostat": [{"name": "temperature", "params": {"temperature": 0.8}}, {"name": "mirostat", "params": {"tau": 3.0}}],
+    "chain": [
+        {"name": "repetition_penalty", "params": {"repetition_penalty": 1.01}},
+        {"name": "frequency_penalty", "params": {"frequency_penalty": 0.01}},
+        {"name": "temperature", "params": {"temperature": 0.5}},
+        {"name": "top_k", "params": {"top_k": 4}},
+        {"name": "top_p", "params": {"top_p": 0.9}},
+        {"name": "min_p", "params": {"min_p": 0.05}},
+        {"name": "sample"},
+    ],
+}
+
+
+def spec_metrics(port: int) -> dict[str, float]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    totals: dict[str, float] = {}
+    for line in body.splitlines():
+        if line.startswith("muestra_spec_decode_"):
+            name = line.split("{")[0]
+            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def same(a, b) -> None:
+    """Two generations of one request: equal in every way a client can see, timings aside."""
+    assert a.token_ids == b.token_ids
+    assert a.texts == b.texts
+    assert sorted(a.completions) == sorted(b.completions)
+    for index, x in a.completions.items():
+        y = b.completions[index]
+        assert (x.finish_reason, x.stop_reason, x.completion_tokens) == (y.finish_reason, y.stop_reason, y.completion_tokens)
+
+
+@pytest.fixture(scope="module")
+def stack(text_stack):
+    port = free_port()
+    return text_stack("llama", "--metrics-port", str(port)), port
+
+
+@pytest.mark.parametrize("family", ["llama", "llama-concat"])
+def test_every_sampler_gives_the_same_tokens_with_drafts_as_without(text_stack, family):
+    stack = text_stack(family)
+    drafted = accepted = sampled_accepted = 0
+    with Client(stack.gateway.address, timeout=120) as c:
+        for name, chain in CHAINS.items():
+            for seed in (1, 2):
+                job = {"max_tokens": 48, "ignore_eos": True, "samplers": chain, "seed": seed}
+                plain = c.generate(PROMPT, speculation="off", **job).wait()
+                spec = c.generate(PROMPT, speculation=ALWAYS, **job).wait()
+                same(spec, plain)
+                done = spec.completions[0]
+                assert plain.completions[0].draft_tokens == 0
+                assert done.draft_tokens > 0, name
+                drafted += done.draft_tokens
+                accepted += done.accepted_draft_tokens
+                if name not in ("greedy", "logit_bias"):
+                    sampled_accepted += done.accepted_draft_tokens
+    # Both verdicts ran: drafts kept (greedy loops, and sampled rows judged by their chain) and drafts dropped.
+    assert 0 < accepted < drafted
+    assert sampled_accepted > 0
+
+
+def test_n_logprobs_stop_ids_and_max_tokens_are_the_same_with_drafts(stack):
+    gateway, _ = stack
+    with Client(gateway.gateway.address, timeout=120) as c:
+        free = c.generate(PROMPT, max_tokens=40, ignore_eos=True, samplers=CHAINS["greedy"], speculation="off").wait()
+        tokens = free.token_ids[0]
+        stop = next(t for i, t in enumerate(tokens) if i >= 9 and t not in tokens[:i])
+        jobs = [
+            {"n": 3, "temperature": 0.9, "top_k": 2, "seed": 5, "max_tokens": 30, "ignore_eos": True},
+            {"logprobs": True, "top_logprobs": 3, "samplers": CHAINS["chain"], "seed": 6, "max_tokens": 30},
+            {"stop_token_ids": [stop], "samplers": CHAINS["greedy"], "max_tokens": 40, "ignore_eos": True},
+            *({"samplers": CHAINS["greedy"], "max_tokens": m, "ignore_eos": True} for m in (1, 2, 7, 13)),
+        ]
+        for job in jobs:
+            plain = c.generate(PROMPT, speculation="off", **job)
+            plain_logprobs = _logprobs(plain)
+            spec = c.generate(PROMPT, speculation=ALWAYS, **job)
+            spec_logprobs = _logprobs(spec)
+            same(spec, plain)
+            assert spec_logprobs == plain_logprobs
+            if "n" in job or "logprobs" in job:
+                assert all(done.draft_tokens > 0 for done in spec.completions.values()), job
+        stopped = c.generate(PROMPT, speculation=ALWAYS, **jobs[2]).wait()
+        assert stopped.completions[0].stop_reason == f"token:{stop}"
+
+
+def _logprobs(generation) -> list[tuple]:
+    """Every streamed delta's logprob entries (the generation is read to its end)."""
+    entries = []
+    for delta in generation:
+        for entry in delta.logprobs:
+            top = tuple((t["token_id"], round(t["logprob"], 4)) for t in entry["top"])
+            entries.append((delta.index, entry["token_id"], round(entry["logprob"], 4), top))
+    return entries
+
+
+def test_rows_with_and_without_drafts_in_one_batch_equal_their_runs_alone(stack):
+    gateway, port = stack
+    jobs = []
+    for i, (name, chain) in enumerate(list(CHAINS.items())[:8]):
+        speculation = ALWAYS if i % 3 else "off"
+        if i % 3 == 2:
+            speculation = {**ALWAYS, "params": {**ALWAYS["params"], "max_draft_tokens": 2 + i}}
+        jobs.append({"samplers": chain, "seed": 30 + i, "max_tokens": 20 + 3 * i, "ignore_eos": True, "speculation": speculation})
+    with Client(gateway.gateway.address, timeout=120) as c:
+        alone = [c.generate(PROMPT, **{**job, "speculation": "off"}).wait() for job in jobs]
+    before = spec_metrics(port)
+    got: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        with Client(gateway.gateway.address, timeout=120) as c:
+            got[i] = c.generate(PROMPT, **jobs[i]).wait()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for i, job in enumerate(jobs):
+        same(got[i], alone[i])
+    after = spec_metrics(port)
+    drafts = after["muestra_spec_decode_num_draft_tokens_total"] - before.get("muestra_spec_decode_num_draft_tokens_total", 0)
+    assert drafts > 0
+    assert after["muestra_spec_decode_num_drafts_total"] > before.get("muestra_spec_decode_num_drafts_total", 0)
+
+
+def test_stop_strings_and_constraints_step_one_token_at_a_time(stack):
+    """Their rows never draft (a stop string or a grammar is known one token at a time); the text is the same."""
+    gateway, _ = stack
+    with Client(gateway.gateway.address, timeout=120) as c:
+        free = c.generate(PROMPT, max_tokens=30, ignore_eos=True, samplers=CHAINS["greedy"], speculation="off").wait()
+        stop = free.texts[0][5:8]
+        for job in (
+            {"stop": [stop], "samplers": CHAINS["greedy"], "max_tokens": 30, "ignore_eos": True},
+            {"constraint": {"name": "regex", "params": {"pattern": "[a-d ]{1,20}"}}, "samplers": CHAINS["greedy"]},
+        ):
+            plain = c.generate(PROMPT, speculation="off", **job).wait()
+            spec = c.generate(PROMPT, speculation=ALWAYS, **job).wait()
+            same(spec, plain)
+            assert spec.completions[0].draft_tokens == 0
+
+
+def test_bad_proposer_parameters_are_invalid_argument_naming_the_field(stack):
+    gateway, _ = stack
+    cases = [
+        ({"proposer": "nope"}, "speculation.proposer: unknown proposer 'nope'; registered: ngram, off"),
+        ({"proposer": "ngram", "params": {"max_draft_tokens": 0}}, "speculation.params.max_draft_tokens: "),
+        ({"proposer": "ngram", "params": {"max_draft_tokens": 17}}, "speculation.params.max_draft_tokens: "),
+        ({"proposer": "ngram", "params": {"min_ngram": 3, "max_ngram": 2}}, "speculation.params.min_ngram: is 3"),
+        ({"proposer": "ngram", "params": {"k": 2}}, "speculation.params.k: unknown parameter"),
+        ({"proposer": "ngram", "params": {"adaptive": "yes"}}, "speculation.params.adaptive: "),
+    ]
+    with Client(gateway.gateway.address, timeout=30) as c:
+        for speculation, message in cases:
+            with pytest.raises(Exception) as info:
+                c.generate(PROMPT, max_tokens=4, speculation=speculation).wait()
+            error = info.value
+            code = getattr(error, "code", None)
+            code = code() if callable(code) else code
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, error
+            assert message in str(error)
+        # The gateway still serves.
+        assert c.generate(PROMPT, max_tokens=4, speculation=ALWAYS).wait().completions[0].completion_tokens == 4

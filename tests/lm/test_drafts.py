@@ -8,9 +8,16 @@ never drafted them (logits equal a full recompute of the accepted text).
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import grpc
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import pytest
+
+from muestra.lm.export.families import LOGITS_POSITIONS
 
 from muestra.v1 import lm_pb2, lm_pb2_grpc
 from tests.fixtures.lm_service import SERVED_MODELS, start_lm
@@ -158,10 +165,31 @@ def test_bad_drafts_and_rollbacks_are_invalid_argument_naming_the_field(lm_servi
     stub.Clear(lm_pb2.ClearRequest(batch_ids=[ok.batch_id]))
 
 
+def last_logits_only(src: Path, out: Path) -> Path:
+    """A copy of a folder whose graph keeps only the last position's logits, as exports before
+    logits_positions did (its Gather of the positions becomes a Slice of the last one)."""
+    shutil.copytree(src, out)
+    model = onnx.load(str(out / "model.onnx"))
+    graph = model.graph
+    gather = next(node for node in graph.node if LOGITS_POSITIONS in node.input)
+    graph.initializer.extend(
+        onnx.numpy_helper.from_array(np.array([value], np.int64), name)
+        for name, value in (("last_start", -1), ("last_end", 2**62), ("last_axis", 1))
+    )
+    index = list(graph.node).index(gather)
+    graph.node.remove(gather)
+    graph.node.insert(
+        index, onnx.helper.make_node("Slice", [gather.input[0], "last_start", "last_end", "last_axis"], gather.output)
+    )
+    graph.input.remove(next(i for i in graph.input if i.name == LOGITS_POSITIONS))
+    onnx.save_model(model, str(out / "model.onnx"))
+    return out
+
+
 def test_a_graph_with_last_logits_only_says_it_cannot_verify(tmp_path):
-    """The committed trained fixture's graph predates logits_positions: Describe says 0, and drafts are refused
-    with the reason (the gateway then never drafts for it)."""
-    service = start_lm(FIXTURE, "llama", tmp_path)
+    """A graph exported before logits_positions: Describe says max_draft_tokens 0, and drafts are refused with
+    the reason (the gateway then never drafts for it); it still serves plain steps."""
+    service = start_lm(last_logits_only(FIXTURE, tmp_path / "old"), "llama", tmp_path)
     try:
         with grpc.insecure_channel(service.address) as channel:
             stub = lm_pb2_grpc.LanguageModelStub(channel)
@@ -175,5 +203,7 @@ def test_a_graph_with_last_logits_only_says_it_cannot_verify(tmp_path):
             assert "batches[0].draft_lengths: this model's graph gives only its last position's logits" in (
                 info.value.details()
             )
+            step = stub.Decode(lm_pb2.DecodeRequest(batches=[lm_pb2.DecodeBatch(batch_id=reply.batch_id, next_ids=[8])]))
+            assert logits(step.output).shape[0] == 1
     finally:
         service.stop()

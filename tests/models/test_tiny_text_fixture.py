@@ -18,6 +18,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from muestra.gateway.sampling.chain import default_specs
+from muestra.lm.export.checks import last_position
 from muestra.v1 import lm_pb2, lm_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from tests.harness import ServiceProcess
 
@@ -60,6 +61,7 @@ def forward(session: ort.InferenceSession, ids: list[int], past: dict, start: in
         "attention_mask": np.ones((1, start + len(ids)), dtype=np.int64),
         "position_ids": np.arange(start, start + len(ids), dtype=np.int64)[None],
         **past,
+        **last_position(session),
     }
     names = [output.name for output in session.get_outputs()]
     values = dict(zip(names, session.run(names, feed), strict=True))

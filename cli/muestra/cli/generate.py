@@ -29,6 +29,11 @@ def add_sampling_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument("--seed", type=SEED, default=None, help=f"0 to {UINT64_MAX} (default: a random one)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument(
+        "--draft", nargs="+", metavar=("PROPOSER", "KEY=VALUE"),
+        help="speculative decoding: a draft proposer and its params, e.g. --draft ngram max_draft_tokens=8, or "
+        "--draft off (default: the gateway's --speculation). The text for a seed is the same either way",
+    )  # fmt: skip
     add_gateway_arguments(parser)
 
 
@@ -69,8 +74,17 @@ def sampling_kwargs(args) -> dict:
         seed=args.seed,
         stop=args.stop,
         samplers=sampler_steps(args.sampler) or None,
+        speculation=speculation_of(args.draft),
         **flags,
     )
+
+
+def speculation_of(draft: list[str] | None) -> dict | None:
+    """--draft ngram max_draft_tokens=8 -> {"proposer": "ngram", "params": {"max_draft_tokens": 8}}."""
+    if not draft:
+        return None
+    proposer, *items = draft
+    return {"proposer": proposer, "params": dict(_param(f"--draft {proposer}", item) for item in items)}
 
 
 def add_parser(sub) -> None:

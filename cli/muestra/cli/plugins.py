@@ -17,7 +17,9 @@ from muestra.cli.errors import CliError
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser("plugins", help="list sampler, constraint and scheduler plugins (of the running gateway)")
+    parser = sub.add_parser(
+        "plugins", help="list sampler, constraint, proposer and scheduler plugins (of the running gateway)"
+    )
     parser.add_argument("--gateway", default=None, help="ask this gateway [MUESTRA_GATEWAY_ADDR, else `muestra up`'s]")
     parser.add_argument("--local", action="store_true", help="list this environment's plugins, not a gateway's")
     parser.add_argument("--api-key", default=None, help="API key [MUESTRA_API_KEY]")
@@ -25,7 +27,9 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
-def _row(name, distribution, version, disabled, samplers, schedulers, constraints=(), errors=None) -> dict:
+def _row(
+    name, distribution, version, disabled, samplers, schedulers, constraints=(), errors=None, proposers=()
+) -> dict:
     return {
         "name": name,
         "distribution": distribution,
@@ -34,6 +38,7 @@ def _row(name, distribution, version, disabled, samplers, schedulers, constraint
         "samplers": samplers,
         "schedulers": schedulers,
         "constraints": list(constraints),
+        "proposers": list(proposers),
         "errors": dict(errors or {}),
     }
 
@@ -70,6 +75,11 @@ def _local() -> list[dict]:
         row["constraints"] += [
             _constraint(e.name, e.constraint.description, e.constraint.parameter_schema) for e in entries
         ]
+    from muestra.gateway.proposers.registry import ProposerRegistry
+
+    for entry in ProposerRegistry.load().list():
+        row = rows.setdefault(entry.plugin, _row(entry.plugin, entry.distribution, entry.version, False, [], []))
+        row["proposers"].append({"name": entry.name, "description": entry.proposer.description})
     for plugin, errors in constraints.errors.items():
         if plugin in rows:
             rows[plugin]["errors"].update(errors)
@@ -113,6 +123,7 @@ def _remote(address: str, key: str | None) -> list[dict]:
             p.name, p.distribution, p.version, p.disabled,
             [sampler(name) for name in p.samplers], [{"name": name} for name in p.schedulers],
             [constraint(name) for name in p.constraints],
+            proposers=[{"name": name} for name in p.proposers],
         )
         for p in plugins
     ]  # fmt: skip
@@ -129,12 +140,15 @@ def _print(rows: list[dict]) -> None:
             for key, schema in c["parameter_schema"].get("properties", {}).items():
                 required = " (required)" if key in c["parameter_schema"].get("required", ()) else ""
                 print(f"    {key}: {json.dumps(schema, sort_keys=True)}{required}")
+        for p in row["proposers"]:
+            print(f"  proposer  {p['name']:<20} {p.get('description', '')}".rstrip())
         for s in row["schedulers"]:
             aliases = f"(also {', '.join(s['aliases'])})" if s.get("aliases") else ""
             print(f"  scheduler {s['name']:<20} {aliases}".rstrip())
         for hook, error in row["errors"].items():
             print(f"  failed in {hook}: {error}")
-        if not row["samplers"] and not row["schedulers"] and not row["constraints"] and not row["errors"]:
+        registered = row["samplers"] or row["schedulers"] or row["constraints"] or row["proposers"]
+        if not registered and not row["errors"]:
             print("  (registers nothing here)")
 
 

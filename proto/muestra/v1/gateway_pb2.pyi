@@ -262,7 +262,7 @@ class ListPluginsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PluginInfo(_message.Message):
-    __slots__ = ("name", "distribution", "version", "disabled", "samplers", "schedulers", "constraints")
+    __slots__ = ("name", "distribution", "version", "disabled", "samplers", "schedulers", "constraints", "proposers")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +270,7 @@ class PluginInfo(_message.Message):
     SAMPLERS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     distribution: str
     version: str
@@ -277,7 +278,8 @@ class PluginInfo(_message.Message):
     samplers: _containers.RepeatedScalarFieldContainer[str]
     schedulers: _containers.RepeatedScalarFieldContainer[str]
     constraints: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ..., disabled: _Optional[bool] = ..., samplers: _Optional[_Iterable[str]] = ..., schedulers: _Optional[_Iterable[str]] = ..., constraints: _Optional[_Iterable[str]] = ...) -> None: ...
+    proposers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ..., disabled: _Optional[bool] = ..., samplers: _Optional[_Iterable[str]] = ..., schedulers: _Optional[_Iterable[str]] = ..., constraints: _Optional[_Iterable[str]] = ..., proposers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListPluginsResponse(_message.Message):
     __slots__ = ("plugins", "unanswered_image_models")

@@ -349,6 +349,12 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
                 plugin, gateway_pb2.PluginInfo(name=plugin, distribution=first.distribution, version=first.version)
             )
             info.constraints.extend(entry.name for entry in entries)
+        for entry in self.proposers.list():
+            info = plugins.setdefault(
+                entry.plugin,
+                gateway_pb2.PluginInfo(name=entry.plugin, distribution=entry.distribution, version=entry.version),
+            )
+            info.proposers.append(entry.name)
         unanswered = []
         for model in self.registry.image.values():  # schedulers load in the diffusion services
             try:

@@ -84,6 +84,11 @@ def _base_request(body, max_tokens: int, logprobs: bool, top_logprobs: int) -> g
     )
     if body.seed is not None:
         request.seed = body.seed
+    if body.speculation is not None:
+        speculation = body.speculation
+        request.speculation.proposer = speculation if isinstance(speculation, str) else speculation.proposer
+        if not isinstance(speculation, str) and speculation.params:
+            request.speculation.params.update(speculation.params)
     for spec in chain:
         params = struct_pb2.Struct()
         params.update(spec["params"])

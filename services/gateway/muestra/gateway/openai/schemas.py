@@ -76,6 +76,14 @@ class SamplerStep(_Body):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class Speculation(_Body):
+    """Speculative decoding for this request (muestra extension): a proposer's name ("ngram", or "off") and its
+    params; the text for a seed is the same with or without it."""
+
+    proposer: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
 class JsonSchemaFormat(_Body):
     """response_format.json_schema: OpenAI's name, description, schema and strict (always enforced here)."""
 
@@ -124,6 +132,7 @@ class _TextBody(_Body):
     samplers: list[SamplerStep] | None = None
     ignore_eos: bool = False
     allow_special_tokens: bool = False
+    speculation: Speculation | str | None = None
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     # Output constraints (at most one of them): OpenAI's response_format, vLLM's guided_* and structured_outputs.

@@ -1,0 +1,294 @@
+"""Speculative decoding on the default model: tokens/s with and without drafts, in one run, and llama.cpp's
+llama-lookup on the same GGUF file and prompts beside it.
+
+    .venv/bin/python bench/speculative.py [--tokens 128] [--rounds 2] [--json out.json]
+
+Prompts: input-grounded ones (summarise a given passage, extract fields as JSON, rewrite a given code
+snippet, answer from a given context; the passages are CPython's own documentation and sources, so nothing
+is downloaded) and open-ended chat. Each runs greedy and sampled (temperature 0.7, the model card's top-p
+0.9), at 1 stream (one request after another) and at 8 streams (8 at once), with the gateway's ngram
+proposer ("ngram") and without ("off"); rounds interleave the two so that the machine's drift hits both.
+Every speculative output is compared with its twin (same prompt, seed and sampler chain, no drafts).
+
+Figures: decode tokens/s (completion tokens after the first, over the time after the first token; prefill is
+the same work either way), the ratio ngram/off, the drafts' acceptance rate and tokens per lm step of the
+drafting rows. llama.cpp: llama-lookup (its prompt-lookup example: n-gram drafts of up to 8 tokens, greedy
+and temperature 0.7) and llama-bench's plain decode (tg) on models/smollm2-135m-instruct/source/*.gguf, the
+file muestra's model was imported from. llama.cpp is built by bench/llama_cpp.py (cached).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The repository first, and not bench/ itself (its tokenize.py would shadow the standard library's).
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+
+import argparse  # noqa: E402
+import inspect  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import pydoc_data.topics  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import textwrap  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import grpc  # noqa: E402
+
+from muestra.client.types import build_request  # noqa: E402
+from muestra.v1 import gateway_pb2_grpc  # noqa: E402
+from tests.harness import ServiceProcess  # noqa: E402
+
+MODEL = ROOT / "models" / "smollm2-135m-instruct"
+PROPOSER = {"proposer": "ngram"}
+SAMPLED = {"temperature": 0.7, "top_p": 0.9}
+
+
+def _topic(name: str, chars: int = 1400) -> str:
+    text = textwrap.dedent(pydoc_data.topics.topics[name]).strip()
+    return text[:chars].rsplit("\n", 1)[0]
+
+
+def grounded_prompts() -> dict[str, str]:
+    """Tasks whose answers quote what they are given."""
+    code = inspect.getsource(textwrap.indent)
+    return {
+        "summarise": f"Summarise the following passage in a few sentences.\n\n{_topic('while')}",
+        "extract_json": (
+            "Extract from the passage below, as a JSON object, the fields \"statement\" (its name), \"keywords\" "
+            "(a list of the keywords it uses) and \"first_sentence\" (copied exactly).\n\n" + _topic("for")
+        ),
+        "rewrite_code": (
+            "Rewrite this Python function with type hints on its parameters and return value. Change nothing "
+            f"else and give the whole function.\n\n```python\n{code}```"
+        ),
+        "answer_from_context": (
+            f"Context:\n{_topic('assert')}\n\nUsing only the context above, and quoting it, answer: what does an "
+            "assert statement do when __debug__ is false?"
+        ),
+    }
+
+
+def chat_prompts() -> dict[str, str]:
+    return {
+        "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "advice": "What are some good ways to spend a rainy afternoon at home? Give a few ideas and explain each.",
+        "explain": "Explain to a child why the sky is blue.",
+        "letter": "Write a friendly letter inviting a neighbour to a garden party next Saturday.",
+    }
+
+
+def chat_text(tokenizer, prompt: str) -> str:
+    """The prompt as the model's chat template renders one user turn (the text both engines get)."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+
+
+class Stack:
+    def __init__(self, log_dir: Path, threads: int) -> None:
+        quiet = ["--log-level", "WARNING"]
+        self.tokenizer = ServiceProcess("tokenizer", ["--models", str(MODEL), *quiet], log_dir)
+        lm = ["--model", str(MODEL), "--providers", "cpu", "--intra-op-threads", str(threads), *quiet]
+        self.lm = ServiceProcess("lm", lm, log_dir)
+        gateway = ["--tokenizer-addr", self.tokenizer.address, "--lm-addr", self.lm.address, "--http-port", "-1"]
+        self.gateway = ServiceProcess("gateway", [*gateway, *quiet], log_dir)
+        self.channel = grpc.insecure_channel(self.gateway.address)
+        self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
+
+    def generate(self, text: str, tokens: int, seed: int, sampled: bool, speculation) -> dict:
+        sampling = SAMPLED if sampled else {"samplers": [{"name": "greedy"}]}
+        request = build_request(text, None, max_tokens=tokens, seed=seed, speculation=speculation, **sampling)
+        request.disable_prefix_cache = True  # both twins prefill the whole prompt
+        ids, done = [], None
+        for message in self.stub.Generate(request, timeout=600):
+            if message.HasField("done"):
+                done = message.done
+            else:
+                ids.extend(message.delta.token_ids)
+        first = done.timings.ttft_ms / 1000
+        decode_s = done.timings.total_ms / 1000 - first
+        return {
+            "ids": ids,
+            "tokens": len(ids),
+            "decode_s": decode_s,
+            "total_s": done.timings.total_ms / 1000,
+            "drafted": done.usage.draft_tokens,
+            "accepted": done.usage.accepted_draft_tokens,
+        }
+
+    def close(self) -> None:
+        self.channel.close()
+        for service in (self.gateway, self.lm, self.tokenizer):
+            service.stop()
+
+
+def run_set(stack: Stack, texts: list[str], streams: int, tokens: int, sampled: bool, speculation) -> dict:
+    """Every text once (1 stream: one after another), or `streams` at once (the texts, repeated with other
+    seeds to fill them); decode tokens/s over the set."""
+    jobs = [(texts[i % len(texts)], 100 + i) for i in range(max(streams, len(texts)))]
+    results: list[dict | None] = [None] * len(jobs)
+    started = time.perf_counter()
+    if streams == 1:
+        for i, (text, seed) in enumerate(jobs):
+            results[i] = stack.generate(text, tokens, seed, sampled, speculation)
+    else:
+
+        def work(i: int) -> None:
+            text, seed = jobs[i]
+            results[i] = stack.generate(text, tokens, seed, sampled, speculation)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    wall = time.perf_counter() - started
+    after_first = sum(r["tokens"] - 1 for r in results)
+    if streams == 1:
+        rate = after_first / sum(r["decode_s"] for r in results)
+    else:  # throughput of the whole set, prefill included (the same work in both modes)
+        rate = sum(r["tokens"] for r in results) / wall
+    return {
+        "tokens_per_s": rate,
+        "ids": [r["ids"] for r in results],
+        "drafted": sum(r["drafted"] for r in results),
+        "accepted": sum(r["accepted"] for r in results),
+        "tokens": sum(r["tokens"] for r in results),
+    }
+
+
+def llama_lookup(binaries: Path, gguf: Path, text: str, tokens: int, sampled: bool, threads: int) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(text)
+    command = [
+        str(binaries / "llama-lookup"), "-m", str(gguf), "-f", f.name, "-n", str(tokens), "-t", str(threads),
+        "--spec-draft-n-max", "8", "--seed", "100", "--no-warmup",
+        *(["--temp", "0.7", "--top-p", "0.9"] if sampled else ["--temp", "0"]),
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    os.unlink(f.name)
+    log = out.stdout + out.stderr
+    decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    drafted = re.search(r"n_drafted\s+=\s+(\d+)", log)
+    accepted = re.search(r"n_accept\s+=\s+(\d+)", log)
+    if decoded is None:
+        raise RuntimeError(f"llama-lookup failed: {log[-2000:]}")
+    return {
+        "tokens": int(decoded.group(1)),
+        "seconds": float(decoded.group(2)),
+        "drafted": int(drafted.group(1)) if drafted else 0,
+        "accepted": int(accepted.group(1)) if accepted else 0,
+    }
+
+
+def llama_cpp_figures(texts: dict[str, list[str]], tokens: int, threads: int) -> dict:
+    from bench import llama_cpp
+
+    binaries = llama_cpp.build()
+    lookup = binaries / "llama-lookup"
+    if not lookup.is_file():
+        source = llama_cpp.source_dir()
+        subprocess.run(["cmake", "--build", str(source / "build"), "--target", "llama-lookup"], check=True)
+    (gguf,) = (MODEL / "source").glob("*.gguf")
+    figures: dict = {"gguf": gguf.name}
+    for kind, prompts in texts.items():
+        for sampled in (False, True):
+            runs = [llama_lookup(binaries, gguf, text, tokens, sampled, threads) for text in prompts]
+            key = f"{kind}/{'sampled' if sampled else 'greedy'}"
+            figures[key] = {
+                "tokens_per_s": sum(r["tokens"] for r in runs) / sum(r["seconds"] for r in runs),
+                "acceptance": sum(r["accepted"] for r in runs) / max(1, sum(r["drafted"] for r in runs)),
+            }
+    bench_rows = llama_cpp.llama_bench(binaries, gguf, threads, (0,), generate=tokens)
+    figures["llama-bench tg"] = bench_rows[0]["tokens_per_s"] if bench_rows else None
+    return figures
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
+    flags = next((line for line in out.splitlines() if line.startswith("Flags")), "")
+    isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX2" if "avx2" in flags else ""
+    return f"{name}, {os.cpu_count()} cores, {isa}".strip(", ")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=128, help="max tokens per completion")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of off and ngram")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--threads", type=int, default=0, help="onnxruntime and llama.cpp threads (0: all cores)")
+    parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    sets = {
+        "grounded": [chat_text(tokenizer, p) for p in grounded_prompts().values()],
+        "chat": [chat_text(tokenizer, p) for p in chat_prompts().values()],
+    }
+    threads = args.threads or os.cpu_count() or 1
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-speculative-"))
+    stack = Stack(log_dir, args.threads)
+    rows = []
+    try:
+        for streams in args.streams:
+            for kind, texts in sets.items():
+                for sampled in (False, True):
+                    rates: dict[str, list[float]] = {"off": [], "ngram": []}
+                    outputs: dict[str, list] = {}
+                    drafted = accepted = tokens = 0
+                    for _ in range(args.rounds):
+                        for mode, speculation in (("off", "off"), ("ngram", PROPOSER)):
+                            result = run_set(stack, texts, streams, args.tokens, sampled, speculation)
+                            rates[mode].append(result["tokens_per_s"])
+                            outputs.setdefault(mode, []).extend(result["ids"])
+                            if mode == "ngram":
+                                drafted += result["drafted"]
+                                accepted += result["accepted"]
+                                tokens += result["tokens"]
+                    off, on = statistics.median(rates["off"]), statistics.median(rates["ngram"])
+                    # Every ngram output against its twin (rounds repeat the seeds, so each round must match).
+                    identical = sum(a == b for a, b in zip(outputs["off"], outputs["ngram"], strict=True))
+                    row = {
+                        "set": kind,
+                        "mode": "sampled" if sampled else "greedy",
+                        "streams": streams,
+                        "off_tokens_per_s": off,
+                        "ngram_tokens_per_s": on,
+                        "ratio": on / off,
+                        "rounds_off": rates["off"],
+                        "rounds_ngram": rates["ngram"],
+                        "acceptance": accepted / drafted if drafted else 0.0,
+                        "drafted_per_token": drafted / tokens if tokens else 0.0,
+                        "identical": f"{identical}/{len(outputs['off'])}",
+                    }
+                    rows.append(row)
+                    print(
+                        f"{kind:9} {row['mode']:8} {streams} stream(s): off {off:6.1f} tok/s, ngram {on:6.1f} tok/s, "
+                        f"{row['ratio']:.2f}x; acceptance {row['acceptance']:.0%}; identical {row['identical']}",
+                        flush=True,
+                    )
+    finally:
+        stack.close()
+    report = {"machine": cpu_name(), "tokens": args.tokens, "rows": rows}
+    if not args.no_llama_cpp:
+        report["llama_cpp"] = llama_cpp_figures(sets, args.tokens, threads)
+        for key, value in report["llama_cpp"].items():
+            print(f"llama.cpp {key}: {value}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -157,6 +157,6 @@ def test_every_parameter_schema_is_valid_json_schema_that_accepts_the_defaults(s
 def test_every_hook_and_builtin_sampler_is_documented():
     text = DOCS.read_text()
     hooks = [name for name in dir(hookspecs) if name.startswith("register_")]
-    assert hooks == ["register_constraints", "register_samplers", "register_schedulers"]
+    assert hooks == ["register_constraints", "register_proposers", "register_samplers", "register_schedulers"]
     for name in [*hooks, *BUILTIN_SAMPLER_MODULES, "MUESTRA_DISABLE_PLUGINS", "muestra plugins"]:
         assert f"`{name}" in text, f"{name} is not documented in docs/plugins.md"

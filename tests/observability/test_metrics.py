@@ -67,6 +67,9 @@ def scrape_all(stack) -> dict[str, dict]:
     return {name: scrape(process, token) for name, (process, token) in services(stack).items()}
 
 
+ALWAYS_DRAFT = {"proposer": "ngram", "params": {"adaptive": False, "min_ngram": 1, "max_ngram": 1}}
+
+
 def _chat(stack, content: str, max_tokens: int, **extra) -> None:
     client = OpenAI(base_url=stack.base_url, api_key="unused")
     stream = client.chat.completions.create(
@@ -129,6 +132,9 @@ def test_every_documented_metric_moves_as_documented_and_gauges_return_to_idle(o
         assert time.monotonic() < deadline, "the long prompt's blocks were never written to Redis"
         time.sleep(0.05)
     _chat(observed, LONG_PROMPT, 4)
+    # Speculative decoding at every step: a greedy completion of the fixture model repeats itself, so the lm
+    # accepts some drafts itself (its greedy rows) and rejects others.
+    _chat(observed, LONG_PROMPT, 48, temperature=0, speculation=ALWAYS_DRAFT)
     with grpc.insecure_channel(observed.gateway.address) as channel:  # the gateway's own gRPC metrics
         replies = list(
             gateway_pb2_grpc.GatewayStub(channel).Generate(gateway_pb2.GenerateRequest(prompt="El", max_tokens=3))

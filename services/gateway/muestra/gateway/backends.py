@@ -49,10 +49,10 @@ class LmReplica:
     channel: grpc.aio.Channel
     # Most greedy steps one Decode may run there (its Describe's max_greedy_steps; 1 until known).
     max_greedy_steps: int = 1
-    # Most draft tokens one row may have verified there per Decode (its Describe's; 0: none).
-    max_draft_tokens: int = 0
     # Its KV layout and budget (its Describe's; None: admitted by row count alone).
     kv: KvBudget | None = None
+    # Most draft tokens one row may have verified there per Decode (its Describe's; 0: none).
+    max_draft_tokens: int = 0
 
 
 @dataclasses.dataclass

@@ -160,8 +160,8 @@ class Router:
                     await channel.close()
                     continue
                 replica = LmReplica(
-                    address, stub, channel, max(1, info.max_greedy_steps), info.max_draft_tokens,
-                    KvBudget.from_describe(info),
+                    address, stub, channel, max(1, info.max_greedy_steps), KvBudget.from_describe(info),
+                    info.max_draft_tokens,
                 )  # fmt: skip
                 self.model.replicas.append(replica)
                 self._add(replica)

@@ -1,10 +1,11 @@
-"""TOP_N and ARGMAX outputs agree with the full logits of the same rows."""
+"""TOP_N and ARGMAX outputs agree with the full logits of the same rows; draft positions pack after their rows."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from muestra.lm.outputs import batch_output
 from muestra.v1 import lm_pb2
 from tests.lm.lm_client import logits, prompts
 
@@ -41,3 +42,18 @@ def test_top_n_and_argmax_agree_with_full_logits(lm_service):
         assert abs(rows[i].logsumexp - torch.logsumexp(torch.from_numpy(full[i].copy()), 0).item()) <= 1e-4
     assert not rows[1].top_ids and not rows[2].top_ids
     stub.Clear(lm_pb2.ClearRequest(batch_ids=[mixed.batch_id]))
+
+
+def test_draft_positions_pack_after_their_rows_whatever_the_other_rows_want():
+    """An ARGMAX row, a LOGITS row with one draft and a plain LOGITS row: three logits rows in all, as many as
+    there are rows, yet packed as the rows' positions (the drafting row's two, then the plain row's)."""
+    rng = np.random.default_rng(0)
+    last = rng.standard_normal((3, 11)).astype(np.float32)
+    extra = rng.standard_normal((1, 11)).astype(np.float32)
+    specs = [(lm_pb2.ARGMAX, 0), (lm_pb2.LOGITS, 0), (lm_pb2.LOGITS, 0)]
+    out = batch_output(last, specs, draft_logits=[None, extra, None], accepted=[None, None, None])
+    packed = np.frombuffer(out.logits.data, dtype="<f4").reshape(tuple(out.logits.shape))
+    assert [row.logits_row for row in out.rows] == [-1, 0, 2]
+    assert [row.positions for row in out.rows] == [0, 2, 0]
+    np.testing.assert_array_equal(packed, np.concatenate([last[1:2], extra, last[2:3]]))
+    assert out.rows[0].argmax == int(last[0].argmax())

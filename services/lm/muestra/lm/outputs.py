@@ -72,7 +72,7 @@ def batch_output(
             if extra[i] is not None:
                 parts.append(extra[i])
                 at += len(extra[i])
-        packed = logits if at == len(specs) else np.concatenate(parts)
+        packed = logits if at == len(full) == len(specs) else np.concatenate(parts)
         out.logits.CopyFrom(
             common_pb2.Tensor(
                 dtype=common_pb2.FLOAT32,

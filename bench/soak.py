@@ -25,6 +25,7 @@ import asyncio  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+import urllib.request  # noqa: E402
 
 from bench.stack import DEFAULT_IMAGE_MODEL, LocalStack  # noqa: E402
 from bench.workload import Workload, check_text, summarize  # noqa: E402
@@ -97,6 +98,13 @@ def print_report(report: dict, rss: RssSampler, args) -> None:
     print(f"requests: {report['requests']}  by outcome: {report['by_status']}  wrong: {report['wrong']}")
     print(f"texts checked against the tokenizer: {report['texts_checked']}; replays: {report['replay_counts']}")
     print(f"prefix-cache hits (requests with cached tokens): {report['prefix_cache_hits']}")
+    spec = report.get("speculation")
+    if spec:
+        rate = spec["accepted_tokens"] / spec["draft_tokens"] if spec["draft_tokens"] else 0.0
+        print(
+            f"speculation: {spec['drafts']:.0f} drafts verified, {spec['draft_tokens']:.0f} draft tokens, "
+            f"{spec['accepted_tokens']:.0f} accepted ({rate:.0%})"
+        )
     ttft, itl = report["ttft_ms"], report["itl_ms"]
     print("TTFT ms p50/p95/p99: " + "/".join(f"{ttft[p]:.0f}" for p in (50, 95, 99)))
     print("inter-token ms p50/p95/p99: " + "/".join(f"{itl[p]:.1f}" for p in (50, 95, 99)))
@@ -127,6 +135,21 @@ def verdict(report: dict, rss: RssSampler, args) -> list[str]:
     return reasons
 
 
+def speculation_counts(stack: LocalStack) -> dict[str, float]:
+    """The gateway's speculative-decoding counters (the gateway drafts by default: its --speculation)."""
+    request = urllib.request.Request(
+        stack.gateway.metrics_url, headers={"Authorization": f"Bearer {stack.internal_token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        text = reply.read().decode()
+    counts = {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0}
+    for line in text.splitlines():
+        for key in counts:
+            if line.startswith(f"muestra_spec_decode_num_{key}_total{{"):
+                counts[key] += float(line.rsplit(" ", 1)[1])
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, default=64)
@@ -143,9 +166,10 @@ def main() -> None:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="muestra-soak-"))
     print(f"logs in {log_dir}", flush=True)
     image_model = None if args.no_images else DEFAULT_IMAGE_MODEL
-    stack = LocalStack(log_dir, lm_replicas=args.lm_replicas, image_model=image_model)
+    stack = LocalStack(log_dir, lm_replicas=args.lm_replicas, image_model=image_model, metrics=True)
     try:
         report, rss = asyncio.run(soak(stack, args))
+        report["speculation"] = speculation_counts(stack)
     finally:
         stack.close()
     print_report(report, rss, args)

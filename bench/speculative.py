@@ -168,7 +168,7 @@ def llama_lookup(binaries: Path, gguf: Path, text: str, tokens: int, sampled: bo
         f.write(text)
     command = [
         str(binaries / "llama-lookup"), "-m", str(gguf), "-f", f.name, "-n", str(tokens), "-t", str(threads),
-        "--spec-draft-n-max", "8", "--seed", "100", "--no-warmup",
+        "--spec-draft-n-max", "8", "--seed", "100",
         *(["--temp", "0.7", "--top-p", "0.9"] if sampled else ["--temp", "0"]),
     ]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, timeout=900)

@@ -32,12 +32,12 @@ import numpy as np
 from muestra.plugin.params import Bool, Int, Param, parameter_schema, validate_params
 
 # Every proposer's params carry this one; the gateway's limit per row (the lm's max_draft_tokens) caps it.
-MAX_DRAFT_TOKENS = Int(8, "Most draft tokens the lm verifies per step for one completion.", ge=1, le=16)
+MAX_DRAFT_TOKENS = Int(16, "Most draft tokens the lm verifies per step for one completion.", ge=1, le=16)
 # A proposer may declare this one too; the gateway reads it.
 ADAPTIVE = Bool(
     True,
-    "Shorten a completion's drafts, and pause them, where they are seldom accepted; false: draft max_draft_tokens "
-    "at every step (measurements, tests).",
+    "Draft 8 tokens, more while all are accepted (up to max_draft_tokens), and pause where drafts are not worth "
+    "their cost; false: draft max_draft_tokens at every step (measurements, tests).",
 )
 
 

@@ -73,6 +73,8 @@ class ReplicaScheduler:
         self.kv = KvAdmission(model.name, replica, config.greedy_burst)  # admission by the lm's KV budget
         self.policy = StepPolicy(config.greedy_burst, config.greedy_burst_ms, model.context_length)
         self.speculation = SpeculationPolicy(model.name)
+        # The last Decode's lm steps and drafting rows, for the speculation policy's timing of the whole step.
+        self.last_step = (1, 1, 0)
         self.progress = Progress()
         self.lm = LmClient(replica, self.progress, config.lm_timeout_s)
         self.outputs = OutputProcessor(model)
@@ -159,7 +161,9 @@ class ReplicaScheduler:
                     task, detokenizing = detokenizing, None
                     await task
                 stepped = await self._accept_step(reply)
-                metrics.STEP_TIME.labels(self.model.name, self.replica.address).observe(time.monotonic() - step_started)
+                elapsed = time.monotonic() - step_started
+                metrics.STEP_TIME.labels(self.model.name, self.replica.address).observe(elapsed)
+                self.speculation.timed(elapsed, *self.last_step)
                 detokenizing = asyncio.get_running_loop().create_task(self.detokenizer.step(stepped))
             except LmFailed as exc:
                 detokenizing = await _stop(detokenizing)
@@ -304,8 +308,7 @@ class ReplicaScheduler:
         metrics.DECODE_BURST.labels(self.model.name, self.replica.address).observe(ran)
         if not drafted:
             self.policy.timed(reply.timing.total_us, ran)
-        if steps == 1:
-            self.speculation.timed(reply.timing.total_us / 1e6, drafted)
+        self.last_step = (ran, len(self.batch.rows), drafted)
         return reply
 
     async def _accept_step(self, reply: lm_pb2.DecodeResponse) -> list[Row]:

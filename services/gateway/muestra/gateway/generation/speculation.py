@@ -9,10 +9,11 @@ argmax comparison runs in the lm (RowOutput.accepted_drafts); a sampled row tell
 how many rejected drafts to drop (DecodeBatch.rollback).
 
 Not every row drafts. Rows with a constraint or stop strings step one token at a time (their masks and
-texts are known one token at a time), and so do beam searches. k adapts per row: it grows while every draft
-is accepted and shrinks to what was accepted otherwise. A row whose accepted tokens are not worth the
-measured extra cost of its verification (each drafted row costs its own forward on fused-attention graphs)
-stops drafting for a while, longer each time, so text that no proposer predicts is not slowed down.
+texts are known one token at a time), and so do beam searches. A row's draft length grows while every draft
+is accepted and falls back to START_DRAFT otherwise. A row whose accepted tokens are not worth the
+measured extra time of its verification (each drafted row costs its own forward on fused-attention graphs)
+stops drafting for a few tokens, longer each time it happens again, so text that no proposer predicts is not
+slowed down.
 """
 
 from __future__ import annotations
@@ -29,11 +30,17 @@ from muestra.v1 import lm_pb2
 
 # Weight of the newest measurement in the running estimates.
 WEIGHT = 0.3
-# Plain steps a row waits before it drafts again once drafting stopped paying, first and at most.
-BACKOFF_STEPS = 16
-MAX_BACKOFF_STEPS = 512
-# What a row that never drafted is assumed to gain per verification, in accepted tokens.
-OPTIMISTIC_ACCEPTED = 2.0
+# What a row's drafts are assumed to be worth before its first verification, in accepted tokens.
+PRIOR_ACCEPTED = 2.0
+# Tokens a row generates without drafts once drafting stopped paying, first and at most (each pause in a
+# row doubles it; a verification that pays resets it).
+FIRST_PAUSE = 32
+MAX_PAUSE = 512
+# A row's draft length to start with, and to fall back to after a rejection; it grows by GROWTH while every
+# draft is accepted, up to the request's max_draft_tokens. Never shorter: on CPUs a step of two tokens
+# already costs most of what a step of nine does (docs/speculative.md), so short drafts do not pay.
+START_DRAFT = 8
+GROWTH = 4
 
 
 @dataclasses.dataclass
@@ -42,11 +49,11 @@ class RowSpeculation:
 
     speculation: Speculation
     k: int
-    # Running mean of the drafts accepted per verification (None: none yet).
-    accepted: float | None = None
-    # Plain steps left before it drafts again, and the next pause's length.
-    pause: int = 0
-    backoff: int = BACKOFF_STEPS
+    # Running mean of the drafts accepted per verification.
+    accepted: float = PRIOR_ACCEPTED
+    # The row drafts again once it has generated this many tokens; the next pause's length.
+    resume_at: int = 0
+    pause: int = FIRST_PAUSE
     # The proposer's private state.
     state: dict = dataclasses.field(default_factory=dict)
     # Totals for the request's usage.
@@ -55,56 +62,70 @@ class RowSpeculation:
 
     @classmethod
     def start(cls, speculation: Speculation) -> RowSpeculation:
-        return cls(speculation, speculation.max_draft_tokens)
+        limit = speculation.max_draft_tokens
+        return cls(speculation, min(START_DRAFT, limit) if speculation.adaptive else limit)
 
     def verified(self, drafted: int, accepted: int) -> None:
         """A verification of `drafted` tokens kept `accepted` of them."""
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
-        self.accepted = accepted if self.accepted is None else self.accepted + WEIGHT * (accepted - self.accepted)
+        self.accepted += WEIGHT * (accepted - self.accepted)
         limit = self.speculation.max_draft_tokens
         if self.speculation.adaptive:
-            self.k = min(limit, self.k + 2) if accepted == drafted else max(1, accepted + 1)
+            self.k = min(limit, self.k + GROWTH) if accepted == drafted else min(limit, START_DRAFT)
 
 
 class SpeculationPolicy:
-    """A replica's view of what verification costs: plain steps against steps with drafts, per drafted row."""
+    """A replica's view of what verification costs: plain steps against steps with drafts, per drafted row.
+
+    Costs are the scheduler's own step times (the lm's Decode, sampling and the verdicts), so that what
+    speculation saves besides forwards (a round trip and a sampling pass per token) counts too."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
-        # Running estimate of a plain Decode's time (s) and of the extra time each drafted row adds to one.
+        # Running estimates: a plain step's time per row and token (s), and the extra time each drafted row
+        # adds to a step.
         self.plain_s: float | None = None
         self.extra_s: float | None = None
 
-    def timed(self, total_s: float, drafted_rows: int) -> None:
+    def timed(self, step_s: float, steps: int, rows: int, drafted_rows: int) -> None:
+        """A scheduler step of `steps` lm steps (a greedy burst) over `rows` rows took step_s; drafted_rows of them
+        had drafts."""
+        rows = max(rows, 1)
         if drafted_rows == 0:
-            self.plain_s = total_s if self.plain_s is None else self.plain_s + WEIGHT * (total_s - self.plain_s)
+            per_token = step_s / max(steps, 1) / rows
+            self.plain_s = per_token if self.plain_s is None else self.plain_s + WEIGHT * (per_token - self.plain_s)
         elif self.plain_s is not None:
-            extra = max(0.0, total_s - self.plain_s) / drafted_rows
+            extra = max(0.0, step_s - self.plain_s * rows) / drafted_rows
             self.extra_s = extra if self.extra_s is None else self.extra_s + WEIGHT * (extra - self.extra_s)
 
-    def pays(self, row: RowSpeculation, rows: int) -> bool:
-        """Whether the tokens a row's drafts are expected to add are worth their extra time in this batch."""
-        if not row.speculation.adaptive or self.plain_s is None or self.extra_s is None or row.accepted is None:
-            return True  # measure first
-        return row.accepted * self.plain_s / max(rows, 1) >= self.extra_s
+    def needed(self) -> float:
+        """Accepted tokens per verification that pay for a drafted row's extra time: what it adds to a step, in
+        plain steps of one row."""
+        if self.plain_s is None or self.extra_s is None or self.plain_s <= 0:
+            return 0.0  # not measured yet: draft, and measure
+        return self.extra_s / self.plain_s
 
     def draft(self, rows: list, max_draft_tokens: int, context_length: int) -> int:
         """Give each eligible row of the next Decode its drafts (Sequence.drafts); how many rows got some."""
         asking: dict[int, tuple] = {}
+        needed = self.needed()
         for row in rows:
             if isinstance(row, Sequence):
                 row.drafts = []
             if not eligible(row) or max_draft_tokens <= 0:
                 continue
             spec = row.speculation
-            if spec.pause > 0:
-                spec.pause -= 1
-                continue
-            if not self.pays(spec, len(rows)):
-                spec.pause, spec.backoff = spec.backoff, min(2 * spec.backoff, MAX_BACKOFF_STEPS)
-                spec.accepted = None  # the next verification measures it again
-                continue
+            if spec.speculation.adaptive:
+                if len(row.generated) < spec.resume_at:
+                    continue
+                if spec.accepted < needed:
+                    # Not worth it now: a pause, longer each time; afterwards one verification measures again.
+                    spec.resume_at = len(row.generated) + spec.pause
+                    spec.pause = min(2 * spec.pause, MAX_PAUSE)
+                    spec.accepted = needed
+                    continue
+                spec.pause = FIRST_PAUSE
             held = len(row.request.prompt_ids) + len(row.generated)
             room = min(
                 spec.k,

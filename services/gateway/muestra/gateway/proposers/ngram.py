@@ -36,8 +36,9 @@ class NgramProposer(DraftProposer):
     description = "Prompt lookup: proposes what followed the last few tokens where they occurred before."
     parameters = {
         "max_draft_tokens": MAX_DRAFT_TOKENS,
-        "max_ngram": Int(4, "Longest tail of tokens looked up (tried first).", ge=1, le=16),
-        "min_ngram": Int(2, "Shortest tail of tokens looked up.", ge=1, le=16),
+        "max_ngram": Int(5, "Longest tail of tokens looked up (tried first).", ge=1, le=16),
+        # Two-token tails match common phrases of open-ended text, whose continuations are seldom the same.
+        "min_ngram": Int(3, "Shortest tail of tokens looked up.", ge=1, le=16),
         "adaptive": ADAPTIVE,
     }
 

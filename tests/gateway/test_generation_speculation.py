@@ -1,0 +1,117 @@
+"""The speculation policy without processes: which rows draft, how long their drafts are, when drafting pauses,
+and the ngram proposer's lookups. Through the real stack: tests/gateway/test_speculation.py."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+from muestra.gateway.generation.request import GenerationRequest, Sequence
+from muestra.gateway.generation.speculation import (
+    FIRST_PAUSE,
+    START_DRAFT,
+    RowSpeculation,
+    SpeculationPolicy,
+    eligible,
+)
+from muestra.gateway.proposers.ngram import NgramProposer, lookup
+from muestra.gateway.proposers.registry import Speculation
+from muestra.plugin import DraftRow, RowContext
+from muestra.v1 import lm_pb2
+
+NGRAM = NgramProposer()
+
+
+def row(prompt: list[int], generated: list[int], max_tokens=100, stop=(), constraint=None, **params) -> Sequence:
+    request = GenerationRequest(
+        request_id="r", prompt_ids=prompt, max_tokens=max_tokens, n=1, seed=0, chain=None, stop=list(stop)
+    )
+    sampling = types.SimpleNamespace(
+        constraint=constraint, output_kind=lm_pb2.LOGITS, context=RowContext(prompt, np.random.default_rng(0))
+    )
+    sequence = Sequence(request, 0, sampling)
+    sequence.generated = list(generated)
+    sequence.pending_token = generated[-1] if generated else None
+    sequence.speculation = RowSpeculation.start(Speculation(NGRAM, NGRAM.validate(params)))
+    return sequence
+
+
+def test_lookup_proposes_what_followed_the_latest_earlier_occurrence():
+    ids = np.array([1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3])
+    assert lookup(ids, 3, 4).tolist() == [7, 8, 1, 2]  # the later of the two earlier (1, 2, 3)
+    assert lookup(ids, 3, 1).tolist() == [7]
+    assert lookup(np.array([1, 2, 3, 4]), 2, 4).tolist() == []  # (3, 4) never occurred before
+    assert lookup(np.array([5, 5]), 2, 4).tolist() == []  # no room for an earlier occurrence
+
+
+def test_longer_tails_are_tried_first_and_shorter_than_min_ngram_never():
+    proposer = NgramProposer()
+    params = proposer.validate({"max_ngram": 3, "min_ngram": 2})
+    ids = np.array([7, 2, 3, 40, 41, 1, 2, 3, 50, 51, 1, 2, 3])
+    # (1, 2, 3) occurred at 5: its continuation (50, 51, ...) wins over (2, 3)'s latest elsewhere.
+    assert proposer.propose([DraftRow(ids, 2, params)]) == [[50, 51]]
+    assert proposer.propose([DraftRow(np.array([1, 2, 3, 9, 3]), 2, params)]) == [[]]
+
+
+def test_only_plain_unconstrained_rows_without_stop_strings_draft():
+    prompt = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+    assert eligible(row(prompt, [4]))
+    assert not eligible(row(prompt, [4], stop=["x"]))
+    assert not eligible(row(prompt, [4], constraint=object()))
+    queued = row(prompt, [4])
+    queued.queued = [7]
+    assert not eligible(queued)
+    assert not eligible(row(prompt, []))  # nothing pending to feed
+
+
+def test_a_draft_never_passes_max_tokens_or_the_context():
+    policy = SpeculationPolicy("m")
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3]
+    near_the_end = row(prompt, [4], max_tokens=4)  # 3 more tokens at most: the pending one and 2 drafts
+    assert policy.draft([near_the_end], 16, 1000) == 1 and near_the_end.drafts == [5, 6]
+    at_the_context = row(prompt, [4])
+    assert policy.draft([at_the_context], 16, len(prompt) + 1 + 3) == 1 and at_the_context.drafts == [5, 6, 7]
+    assert policy.draft([row(prompt, [4])], 0, 1000) == 0  # a model that cannot verify
+
+
+def test_draft_length_grows_while_all_are_accepted_and_falls_back_after_a_rejection():
+    spec = row([1], [2]).speculation
+    assert spec.k == START_DRAFT
+    spec.verified(8, 8)
+    assert spec.k == 12
+    spec.verified(12, 12)
+    assert spec.k == 16
+    spec.verified(16, 16)
+    assert spec.k == 16  # max_draft_tokens
+    spec.verified(16, 3)
+    assert spec.k == START_DRAFT
+    assert (spec.draft_tokens, spec.accepted_tokens) == (52, 39)
+
+
+def test_drafting_pauses_where_it_does_not_pay_and_probes_again_later():
+    policy = SpeculationPolicy("m")
+    policy.timed(0.010, 1, 1, 0)  # a plain step: 10 ms per row and token
+    policy.timed(0.040, 1, 1, 1)  # a step with one drafting row: 30 ms more
+    assert abs(policy.needed() - 3.0) < 1e-9
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    sequence = row(prompt, [4])
+    sequence.speculation.accepted = 1.0  # its drafts have been worth one token a step
+    assert policy.draft([sequence], 16, 1000) == 0
+    assert sequence.speculation.resume_at == 1 + FIRST_PAUSE
+    sequence.generated += [9] * FIRST_PAUSE
+    sequence.pending_token = 9
+    sequence.generated[-3:] = [1, 2, 3]
+    sequence.pending_token = 3
+    assert policy.draft([sequence], 16, 1000) == 1  # one probe after the pause
+    assert sequence.speculation.pause == FIRST_PAUSE  # it was allowed: the next pause starts short again
+
+
+def test_non_adaptive_rows_draft_their_maximum_at_every_step():
+    policy = SpeculationPolicy("m")
+    policy.timed(0.010, 1, 1, 0)
+    policy.timed(0.100, 1, 1, 1)
+    sequence = row([1, 2, 3] + list(range(10, 30)) + [1, 2, 3], [10], adaptive=False, max_draft_tokens=5)
+    sequence.speculation.accepted = 0.0
+    assert policy.draft([sequence], 16, 1000) == 1
+    assert sequence.drafts == [11, 12, 13, 14, 15]

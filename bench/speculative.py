@@ -62,8 +62,8 @@ def grounded_prompts() -> dict[str, str]:
     return {
         "summarise": f"Summarise the following passage in a few sentences.\n\n{_topic('while')}",
         "extract_json": (
-            "Extract from the passage below, as a JSON object, the fields \"statement\" (its name), \"keywords\" "
-            "(a list of the keywords it uses) and \"first_sentence\" (copied exactly).\n\n" + _topic("for")
+            'Extract from the passage below, as a JSON object, the fields "statement" (its name), "keywords" '
+            '(a list of the keywords it uses) and "first_sentence" (copied exactly).\n\n' + _topic("for")
         ),
         "rewrite_code": (
             "Rewrite this Python function with type hints on its parameters and return value. Change nothing "
@@ -87,7 +87,9 @@ def chat_prompts() -> dict[str, str]:
 
 def chat_text(tokenizer, prompt: str) -> str:
     """The prompt as the model's chat template renders one user turn (the text both engines get)."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
 
 
 class Stack:

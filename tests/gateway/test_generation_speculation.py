@@ -111,7 +111,7 @@ def test_non_adaptive_rows_draft_their_maximum_at_every_step():
     policy = SpeculationPolicy("m")
     policy.timed(0.010, 1, 1, 0)
     policy.timed(0.100, 1, 1, 1)
-    sequence = row([1, 2, 3] + list(range(10, 30)) + [1, 2, 3], [10], adaptive=False, max_draft_tokens=5)
+    sequence = row([1, 2, 3, *range(10, 30), 1, 2, 3], [10], adaptive=False, max_draft_tokens=5)
     sequence.speculation.accepted = 0.0
     assert policy.draft([sequence], 16, 1000) == 1
     assert sequence.drafts == [11, 12, 13, 14, 15]

@@ -14,6 +14,7 @@ from tests.gateway.test_generate import PROMPT, hf_generate
 from tests.harness import free_port
 
 GREEDY = [{"name": "greedy"}]
+NO_DRAFTS = ("--speculation", "off")
 PROMPTS = ["The quick brown fox", "Once upon a time", "def main():", "Hola, ¿qué tal?", "1, 2, 3,", "a"]
 
 
@@ -31,15 +32,17 @@ def burst_metrics(port: int) -> tuple[float, float]:
 
 @pytest.fixture(scope="module")
 def stacks(text_stack):
-    """The same tokenizer and lm behind a gateway with bursts (the default) and one without."""
+    """The same tokenizer and lm behind a gateway with bursts (the default) and one without (neither drafts:
+    a step with drafts runs no burst; speculation through the stack is tests/gateway/test_speculation.py)."""
     port = free_port()
-    return text_stack("llama", "--metrics-port", str(port)), port, text_stack("llama", "--greedy-burst", "1")
+    bursting = text_stack("llama", "--metrics-port", str(port), *NO_DRAFTS)
+    return bursting, port, text_stack("llama", "--greedy-burst", "1", *NO_DRAFTS)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_bursts_equal_transformers_generate(text_stack, tiny_lm, family):
     port = free_port()
-    stack = text_stack(family, "--metrics-port", str(port))
+    stack = text_stack(family, "--metrics-port", str(port), *NO_DRAFTS)
     lm = tiny_lm(family)
     with Client(stack.gateway.address, timeout=120) as c:
         generation = c.generate(PROMPT, max_tokens=40, samplers=GREEDY).wait()

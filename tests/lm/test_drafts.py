@@ -18,11 +18,10 @@ import onnx.numpy_helper
 import pytest
 
 from muestra.lm.export.families import LOGITS_POSITIONS
-
 from muestra.v1 import lm_pb2, lm_pb2_grpc
 from tests.fixtures.lm_service import SERVED_MODELS, start_lm
-from tests.models.test_tiny_text_fixture import FIXTURE
 from tests.lm.lm_client import logits, prefill, prompts, spec, torch_last_logits
+from tests.models.test_tiny_text_fixture import FIXTURE
 
 TOLERANCE = 1e-4
 
@@ -203,7 +202,9 @@ def test_a_graph_with_last_logits_only_says_it_cannot_verify(tmp_path):
             assert "batches[0].draft_lengths: this model's graph gives only its last position's logits" in (
                 info.value.details()
             )
-            step = stub.Decode(lm_pb2.DecodeRequest(batches=[lm_pb2.DecodeBatch(batch_id=reply.batch_id, next_ids=[8])]))
+            step = stub.Decode(
+                lm_pb2.DecodeRequest(batches=[lm_pb2.DecodeBatch(batch_id=reply.batch_id, next_ids=[8])])
+            )
             assert logits(step.output).shape[0] == 1
     finally:
         service.stop()

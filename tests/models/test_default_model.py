@@ -124,3 +124,38 @@ def test_a_required_tool_call_has_arguments_valid_against_the_tools_parameters(s
     assert [call.function.name for call in choice.message.tool_calls] == ["get_weather"]
     arguments = json.loads(choice.message.tool_calls[0].function.arguments)
     jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+
+
+GROUNDED = [
+    {
+        "role": "user",
+        "content": "Rewrite this function with type hints and change nothing else.\n\n"
+        'def add(a, b):\n    """Return the sum of a and b."""\n    return a + b\n\n'
+        'def scale(values, factor):\n    """Return every value times factor."""\n'
+        "    return [v * factor for v in values]\n",
+    }
+]
+ALWAYS_DRAFT = {"proposer": "ngram", "params": {"adaptive": False}}
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{"samplers": [{"name": "greedy"}]}, {"temperature": 0.7, "top_p": 0.9}, {}],
+    ids=["greedy", "temperature-top_p", "generation_config"],
+)
+def test_speculation_on_the_default_model_gives_the_same_tokens_for_the_same_seed(stack, sampling):
+    """Drafts at every step where the prompt lookup finds one, against none: the same tokens, for greedy,
+    sampled and the model's own chain. A difference would be a near-tie whose rounding differs between the
+    lm's one-position and several-position forwards; none is expected, and one would fail with its place."""
+    with Client(stack.gateway.address, timeout=300) as client:
+        job = {"messages": GROUNDED, "max_tokens": 64, "seed": 7, **sampling}
+        plain = client.generate(**job, speculation="off").wait()
+        drafted = client.generate(**job, speculation=ALWAYS_DRAFT).wait()
+    done = drafted.completions[0]
+    assert done.draft_tokens > 0 and done.accepted_draft_tokens > 0, done
+    ours, theirs = drafted.token_ids[0], plain.token_ids[0]
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+    assert ours == theirs, (
+        f"speculation changed token {first}: {ours[first : first + 4]} against {theirs[first : first + 4]}"
+    )
+    assert drafted.texts == plain.texts

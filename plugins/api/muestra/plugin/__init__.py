@@ -30,7 +30,6 @@ from muestra.plugin.numeric import (
     nucleus_threshold,
     softmax,
 )
-from muestra.plugin.proposers import ADAPTIVE, MAX_DRAFT_TOKENS, DraftProposer, DraftRow, check_proposer
 from muestra.plugin.params import (
     REQUIRED,
     Bool,
@@ -42,6 +41,7 @@ from muestra.plugin.params import (
     String,
     StringList,
 )
+from muestra.plugin.proposers import ADAPTIVE, MAX_DRAFT_TOKENS, DraftProposer, DraftRow, check_proposer
 from muestra.plugin.samplers import (
     Hypothesis,
     LogitsProcessor,
@@ -62,6 +62,7 @@ ENTRY_POINT_GROUP = "muestra"
 __all__ = [
     "ADAPTIVE",
     "ENTRY_POINT_GROUP",
+    "MAX_DRAFT_TOKENS",
     "PROJECT_NAME",
     "REQUIRED",
     "Bool",
@@ -72,7 +73,6 @@ __all__ = [
     "Grammar",
     "Hypothesis",
     "Int",
-    "MAX_DRAFT_TOKENS",
     "LogitsProcessor",
     "ModelInfo",
     "Object",

@@ -282,10 +282,9 @@ class Engine:
             raise InvalidArgument(
                 "batches", f"the batches hold {rows} rows together; max_batch_rows is {self.max_batch_rows}"
             )
-        lengths = np.concatenate(
-            [b.lengths - (item.rollback if item.rollback is not None else 0) for item, b in zip(items, batches)]
-        )
-        lengths += added + np.concatenate([_draft_counts(item, b) for item, b in zip(items, batches)])
+        pairs = list(zip(items, batches, strict=True))
+        lengths = np.concatenate([b.lengths - (i.rollback if i.rollback is not None else 0) for i, b in pairs])
+        lengths += added + np.concatenate([_draft_counts(i, b) for i, b in pairs])
         freed = sum(self._sizes[item.batch_id][0] for item in items)
         self._reserve("Decode", freed, self._bytes_for(lengths.tolist()))
 
@@ -364,7 +363,9 @@ class Engine:
             if not draft.size:
                 continue
             if specs[row][0] == lm_pb2.TOP_N:
-                raise InvalidArgument("draft_lengths", f"row {row} has drafts and wants TOP_N output (LOGITS or ARGMAX)")
+                raise InvalidArgument(
+                    "draft_lengths", f"row {row} has drafts and wants TOP_N output (LOGITS or ARGMAX)"
+                )
             if allowed is not None and allowed[row]:
                 raise InvalidArgument("draft_lengths", f"row {row} has drafts and an allowed_tokens mask")
 

@@ -54,10 +54,10 @@ def test_longer_tails_are_tried_first_and_shorter_than_min_ngram_never():
     assert proposer.propose([DraftRow(np.array([1, 2, 3, 9, 3]), 2, params)]) == [[]]
 
 
-def test_only_plain_unconstrained_rows_without_stop_strings_draft():
+def test_only_running_unconstrained_rows_with_nothing_queued_draft():
     prompt = [1, 2, 3, 4, 5, 6, 1, 2, 3]
     assert eligible(row(prompt, [4]))
-    assert not eligible(row(prompt, [4], stop=["x"]))
+    assert eligible(row(prompt, [4], stop=["x"]))  # the detokenizer ends it at the stop string's token
     assert not eligible(row(prompt, [4], constraint=object()))
     queued = row(prompt, [4])
     queued.queued = [7]

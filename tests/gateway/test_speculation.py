@@ -182,20 +182,40 @@ def test_rows_with_and_without_drafts_in_one_batch_equal_their_runs_alone(stack)
     assert after["muestra_spec_decode_num_drafts_total"] > before.get("muestra_spec_decode_num_drafts_total", 0)
 
 
-def test_stop_strings_and_constraints_step_one_token_at_a_time(stack):
-    """Their rows never draft (a stop string or a grammar is known one token at a time); the text is the same."""
+def test_stop_strings_end_a_drafted_step_at_the_token_that_completed_them(stack):
+    """A stop string found in the text of several drafted tokens ends the row where one token at a time would:
+    the same text, token ids, logprobs, completion_tokens and stop reason."""
     gateway, _ = stack
+    ended_mid_step = 0
     with Client(gateway.gateway.address, timeout=120) as c:
-        free = c.generate(PROMPT, max_tokens=30, ignore_eos=True, samplers=CHAINS["greedy"], speculation="off").wait()
-        stop = free.texts[0][5:8]
-        for job in (
-            {"stop": [stop], "samplers": CHAINS["greedy"], "max_tokens": 30, "ignore_eos": True},
-            {"constraint": {"name": "regex", "params": {"pattern": "[a-d ]{1,20}"}}, "samplers": CHAINS["greedy"]},
-        ):
-            plain = c.generate(PROMPT, speculation="off", **job).wait()
-            spec = c.generate(PROMPT, speculation=ALWAYS, **job).wait()
-            same(spec, plain)
-            assert spec.completions[0].draft_tokens == 0
+        for chain in (CHAINS["greedy"], CHAINS["top_k=1"]):
+            job = {"max_tokens": 60, "ignore_eos": True, "samplers": chain, "seed": 3}
+            free = c.generate(PROMPT, speculation="off", **job).wait()
+            text = free.texts[0]
+            for start in range(4, min(len(text) - 3, 60), 5):
+                stopped = {**job, "stop": [text[start : start + 2]], "logprobs": True}
+                plain = c.generate(PROMPT, speculation="off", **stopped)
+                plain_logprobs = _logprobs(plain)
+                spec = c.generate(PROMPT, speculation=ALWAYS, **stopped)
+                spec_logprobs = _logprobs(spec)
+                same(spec, plain)
+                assert spec_logprobs == plain_logprobs
+                done = spec.completions[0]
+                assert done.stop_reason == plain.completions[0].stop_reason
+                # Drafts were verified past the stop string: the row dropped what followed it.
+                ended_mid_step += done.accepted_draft_tokens > 0 and done.finish_reason == "stop"
+    assert ended_mid_step > 0
+
+
+def test_constraints_step_one_token_at_a_time(stack):
+    """A constrained row never drafts (its grammar's masks are known one token at a time); the text is the same."""
+    gateway, _ = stack
+    job = {"constraint": {"name": "regex", "params": {"pattern": "[a-d ]{1,20}"}}, "samplers": CHAINS["greedy"]}
+    with Client(gateway.gateway.address, timeout=120) as c:
+        plain = c.generate(PROMPT, speculation="off", **job).wait()
+        spec = c.generate(PROMPT, speculation=ALWAYS, **job).wait()
+    same(spec, plain)
+    assert spec.completions[0].draft_tokens == 0
 
 
 def test_bad_proposer_parameters_are_invalid_argument_naming_the_field(stack):

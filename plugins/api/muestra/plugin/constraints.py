@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from muestra.plugin.params import Param, parameter_schema, validate_params
+from muestra.plugin.params import Param, check_registrable, parameter_schema, validate_params
 
 GrammarKind = Literal["json_schema", "regex", "lark"]
 
@@ -70,17 +69,6 @@ class Constraint:
         raise NotImplementedError
 
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-
-
 def check_constraint(constraint: object) -> None:
     """Raise TypeError or ValueError if `constraint` cannot be registered (the registry's own check)."""
-    if isinstance(constraint, type):
-        raise TypeError(f"{constraint.__name__} is a class; register an instance")
-    if not isinstance(constraint, Constraint):
-        raise TypeError(f"{constraint!r} is not a Constraint")
-    if not _NAME.match(constraint.name or ""):
-        raise ValueError(f"name {constraint.name!r} must match {_NAME.pattern}")
-    if not constraint.description or "\n" in constraint.description:
-        raise ValueError(f"{constraint.name}: description must be one non-empty line")
-    json.dumps(constraint.parameter_schema)  # the schema travels as JSON text
+    check_registrable(constraint, lambda value: isinstance(value, Constraint), "Constraint")

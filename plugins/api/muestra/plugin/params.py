@@ -9,7 +9,9 @@ rejects 40.5. Errors are SamplerParamError naming the sampler and the field.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -186,3 +188,25 @@ def parameter_schema(declared: Mapping[str, Param]) -> dict:
     if required:
         schema["required"] = required
     return schema
+
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+def check_registrable(
+    value: object, is_kind: Callable[[object], bool], kind: str, reserved: tuple[str, ...] = ()
+) -> None:
+    """What every registry checks of a sampler, constraint kind or proposer before taking it: an instance of its
+    kind, a lowercase name, a one-line description and parameters whose schema is JSON. Raises TypeError or
+    ValueError."""
+    if isinstance(value, type):
+        raise TypeError(f"{value.__name__} is a class; register an instance")
+    if not is_kind(value):
+        raise TypeError(f"{value!r} is not a {kind}")
+    name = getattr(value, "name", "")
+    if not _NAME.match(name or "") or name in reserved:
+        but = f" and not be {' or '.join(repr(r) for r in reserved)}" if reserved else ""
+        raise ValueError(f"name {name!r} must match {_NAME.pattern}{but}")
+    if not value.description or "\n" in value.description:
+        raise ValueError(f"{name}: description must be one non-empty line")
+    json.dumps(value.parameter_schema)  # the schema travels as JSON text

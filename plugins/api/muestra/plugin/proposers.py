@@ -22,14 +22,12 @@ speculation does not pay.
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from muestra.plugin.params import Bool, Int, Param, parameter_schema, validate_params
+from muestra.plugin.params import Bool, Int, Param, check_registrable, parameter_schema, validate_params
 
 # Every proposer's params carry this one; the gateway's limit per row (the lm's max_draft_tokens) caps it.
 MAX_DRAFT_TOKENS = Int(16, "Most draft tokens the lm verifies per step for one completion.", ge=1, le=16)
@@ -76,19 +74,8 @@ class DraftProposer:
         raise NotImplementedError
 
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-
-
 def check_proposer(proposer: object) -> None:
     """Raise TypeError or ValueError if `proposer` cannot be registered (the registry's own check)."""
-    if isinstance(proposer, type):
-        raise TypeError(f"{proposer.__name__} is a class; register an instance")
-    if not isinstance(proposer, DraftProposer):
-        raise TypeError(f"{proposer!r} is not a DraftProposer")
-    if not _NAME.match(proposer.name or "") or proposer.name == "off":
-        raise ValueError(f"name {proposer.name!r} must match {_NAME.pattern} and not be 'off'")
-    if not proposer.description or "\n" in proposer.description:
-        raise ValueError(f"{proposer.name}: description must be one non-empty line")
+    check_registrable(proposer, lambda value: isinstance(value, DraftProposer), "DraftProposer", reserved=("off",))
     if "max_draft_tokens" not in proposer.parameters:
         raise ValueError(f"{proposer.name}: parameters must declare max_draft_tokens (muestra.plugin.MAX_DRAFT_TOKENS)")
-    json.dumps(proposer.parameter_schema)

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from muestra.plugin.params import Param, parameter_schema, validate_params
+from muestra.plugin.params import Param, check_registrable, parameter_schema, validate_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,16 +155,7 @@ def kind_of(sampler: Sampler) -> str:
     raise TypeError(f"{sampler!r} is not a LogitsProcessor, TokenSelector or SearchStrategy")
 
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-
-
 def check_sampler(sampler: object) -> None:
     """Raise TypeError or ValueError if `sampler` cannot be registered (the registry's own check)."""
-    if isinstance(sampler, type):
-        raise TypeError(f"{sampler.__name__} is a class; register an instance")
-    kind_of(sampler)  # type: ignore[arg-type]
-    if not _NAME.match(sampler.name or ""):
-        raise ValueError(f"name {sampler.name!r} must match {_NAME.pattern}")
-    if not sampler.description or "\n" in sampler.description:
-        raise ValueError(f"{sampler.name}: description must be one non-empty line")
-    json.dumps(sampler.parameter_schema)  # the schema travels as JSON text
+    kinds = "LogitsProcessor, TokenSelector or SearchStrategy"
+    check_registrable(sampler, lambda value: isinstance(value, SAMPLER_KINDS), kinds)

@@ -108,6 +108,8 @@ class Detokenizer:
         for row, delta in zip(active, reply.deltas, strict=True):
             text = row.stops.feed(row.detok.apply(delta))
             if row.stops.matched is not None:
+                if row.drafted_step > 1 and not row.request.cancelled:
+                    await self._end_at_stop(row)
                 row.finish(gateway_pb2.STOP, row.stops.matched)
             elif row.finished:
                 text += row.stops.flush()
@@ -117,6 +119,21 @@ class Detokenizer:
             row.emit_text(text)
             if row.finished:
                 row.emit_done()
+
+    async def _end_at_stop(self, row: Sequence) -> None:
+        """A stop string matched in the text of a step that took several drafted tokens: the row ends at the token
+        that completed it, as it would have one token at a time (the tokens after it are not generated)."""
+        taken = row.drafted_step
+        base = len(row.generated) - taken
+        texts = await self.decode([row.generated[: base + j] for j in range(1, taken + 1)])
+        needed = next((j for j, text in enumerate(texts, 1) if any(s in text for s in row.request.stop)), taken)
+        drop = taken - needed
+        if drop:
+            del row.generated[-drop:]
+            row.unsent_ids = row.unsent_ids[:-drop]
+            row.unsent_logprobs = row.unsent_logprobs[: len(row.unsent_ids)]
+            # What ended the row later in the step (EOS, max_tokens) came after the stop string.
+            row.finish_reason = gateway_pb2.FINISH_REASON_UNSPECIFIED
 
     async def decode(self, sequences: list[list[int]]) -> list[str]:
         """Each id list as text (special tokens skipped): one Decode call."""

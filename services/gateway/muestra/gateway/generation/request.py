@@ -107,6 +107,9 @@ class Sequence:
         self.speculation = None
         self.drafts: list[int] = []
         self.rollback = 0
+        # Tokens the last step took from a verification (drafts and the chain's own): a stop string found in
+        # their text ends the row at the token that completed it.
+        self.drafted_step = 0
 
     @property
     def finished(self) -> bool:

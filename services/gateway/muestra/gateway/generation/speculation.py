@@ -8,8 +8,9 @@ row takes are those it would have taken one step at a time, with the same random
 argmax comparison runs in the lm (RowOutput.accepted_drafts); a sampled row tells the lm in its next Decode
 how many rejected drafts to drop (DecodeBatch.rollback).
 
-Not every row drafts. Rows with a constraint or stop strings step one token at a time (their masks and
-texts are known one token at a time), and so do beam searches. A row's draft length grows while every draft
+Not every row drafts. Rows with a constraint step one token at a time (their masks are known one token at
+a time), and so do beam searches. A row with stop strings drafts: when the text of a step's tokens holds a
+stop string, the detokenizer ends the row at the token that completed it. A row's draft length grows while every draft
 is accepted and falls back to START_DRAFT otherwise. A row whose accepted tokens are not worth the
 measured extra time of its verification (each drafted row costs its own forward on fused-attention graphs)
 stops drafting for a few tokens, longer each time it happens again, so text that no proposer predicts is not
@@ -151,8 +152,8 @@ class SpeculationPolicy:
 
 
 def eligible(row) -> bool:
-    """Whether a row may draft: a running completion with a proposer, no constraint and no stop strings, whose
-    pending token is all it feeds next and whose output the lm can give per position."""
+    """Whether a row may draft: a running completion with a proposer and no constraint, whose pending token is all
+    it feeds next and whose output the lm can give per position."""
     return (
         isinstance(row, Sequence)
         and row.speculation is not None
@@ -161,7 +162,6 @@ def eligible(row) -> bool:
         and not row.queued
         and row.pending_token is not None
         and row.sampling.constraint is None
-        and not row.request.stop
         and row.sampling.output_kind in (lm_pb2.ARGMAX, lm_pb2.LOGITS)
     )
 

@@ -23,6 +23,7 @@ sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != R
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
@@ -162,7 +163,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--json", default=None, help="also write the report here")
+    parser.add_argument(
+        "--speculation", default="ngram", help="the gateway's default draft proposer (--speculation; off: none)"
+    )
     args = parser.parse_args()
+    os.environ["MUESTRA_GATEWAY_SPECULATION"] = args.speculation  # the stack's processes inherit it
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="muestra-soak-"))
     print(f"logs in {log_dir}", flush=True)
     image_model = None if args.no_images else DEFAULT_IMAGE_MODEL

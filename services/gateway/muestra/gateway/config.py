@@ -52,9 +52,9 @@ class GatewayConfig(ServiceConfig, RedisConfig):
         100.0, "a burst is cut to the steps that the replica's recent step times say fit in this many milliseconds"
     )
     speculation: str = _f(
-        "ngram",
+        "off",
         "draft proposer of requests that name none (speculative decoding; the text for a seed is the same either "
-        "way): a registered proposer's name, or off",
+        "way but for near-ties, docs/speculative.md): a registered proposer's name such as ngram, or off",
     )
     startup_timeout_s: float = _f(120.0, "how long to wait for the backend services at start")
     affinity_tokens: int = _f(32, "prompts sharing this many leading tokens go to the same lm replica")

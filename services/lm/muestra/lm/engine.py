@@ -70,6 +70,8 @@ class StepResult:
     # `logits`), or an ARGMAX row's count of accepted drafts (`logits` is then after the last one); else None.
     draft_logits: list[np.ndarray | None] | None = None
     accepted: list[int | None] | None = None
+    # With drafts: how many each row had.
+    drafted: list[int] | None = None
 
 
 @dataclasses.dataclass
@@ -393,7 +395,8 @@ class Engine:
             else:
                 last[row], draft_logits[row] = logits[0], logits[1:]
         batch.rollback(self.decoder, drop)
-        return StepResult("", last, specs, forward_us, allowed, None, draft_logits, accepted)
+        drafted = [int(d.size) for d in drafts]
+        return StepResult("", last, specs, forward_us, allowed, None, draft_logits, accepted, drafted)
 
     def _greedy_steps(
         self, batch: Batch, next_ids: np.ndarray, steps: int, stop_ids: Sequence[int], items: Sequence[DecodeInput]

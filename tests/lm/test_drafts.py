@@ -185,26 +185,50 @@ def last_logits_only(src: Path, out: Path) -> Path:
     return out
 
 
-def test_a_graph_with_last_logits_only_says_it_cannot_verify(tmp_path):
-    """A graph exported before logits_positions: Describe says max_draft_tokens 0, and drafts are refused with
-    the reason (the gateway then never drafts for it); it still serves plain steps."""
-    service = start_lm(last_logits_only(FIXTURE, tmp_path / "old"), "llama", tmp_path)
+def served_without_drafts(folder: Path, log_dir: Path) -> tuple[int, str, str]:
+    """Serve `folder`, ask for one draft, then take a plain step: (Describe's max_draft_tokens, the refusal's
+    message, the service's log)."""
+    service = start_lm(folder, "llama", log_dir)
     try:
         with grpc.insecure_channel(service.address) as channel:
             stub = lm_pb2_grpc.LanguageModelStub(channel)
-            assert stub.Describe(lm_pb2.DescribeModelRequest()).max_draft_tokens == 0
+            limit = stub.Describe(lm_pb2.DescribeModelRequest()).max_draft_tokens
             reply = prefill(stub, [[5, 6, 7]])
             request = lm_pb2.DecodeRequest()
             request.batches.add(batch_id=reply.batch_id, next_ids=[8], draft_lengths=[1], draft_ids=[9])
             with pytest.raises(grpc.RpcError) as info:
                 stub.Decode(request)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "batches[0].draft_lengths: this model's graph gives only its last position's logits" in (
-                info.value.details()
-            )
             step = stub.Decode(
                 lm_pb2.DecodeRequest(batches=[lm_pb2.DecodeBatch(batch_id=reply.batch_id, next_ids=[8])])
             )
             assert logits(step.output).shape[0] == 1
     finally:
         service.stop()
+    return limit, info.value.details(), service.log_path.read_text()
+
+
+def test_a_graph_with_last_logits_only_says_it_cannot_verify(served_lm, tmp_path):
+    """A graph exported before logits_positions: Describe says max_draft_tokens 0, and drafts are refused with
+    the reason (the gateway then never drafts for it); it still serves plain steps."""
+    folder = last_logits_only(served_lm("llama").onnx_dir, tmp_path / "old")
+    limit, refusal, log = served_without_drafts(folder, tmp_path)
+    assert limit == 0
+    reason = "this model's graph gives only its last position's logits"
+    assert f"batches[0].draft_lengths: {reason}" in refusal
+    assert log.count(f"drafts off: {reason}") == 1
+
+
+def test_a_graph_with_int8_activations_before_its_kv_refuses_drafts(tmp_path):
+    """The fixture's layers run MatMulNBits at accuracy level 4 (tests/lm/test_int8_activations.py): a drafted
+    position's KV could differ from a one-token step's by an int8 step and change later tokens, so Describe says
+    max_draft_tokens 0 and drafts are refused with the reason; plain steps still serve."""
+    limit, refusal, log = served_without_drafts(FIXTURE, tmp_path)
+    assert limit == 0
+    reason = "this graph quantizes activations to int8 before its KV (node "
+    assert f"batches[0].draft_lengths: {reason}" in refusal
+    assert ", MatMulNBits accuracy_level 4), so a drafted position's KV would differ from a one-token step's" in (
+        refusal
+    )
+    assert "drafts are refused" in refusal
+    assert log.count(f"drafts off: {reason}") == 1

@@ -100,8 +100,9 @@ class Engine:
         self.max_top_n = max_top_n
         self.max_tokens_per_row = max_tokens_per_row
         self.max_greedy_steps = max_greedy_steps
-        # A graph that gives only its last position's logits cannot verify drafts.
-        self.max_draft_tokens = max_draft_tokens if decoder.multi_position_logits else 0
+        # Why this graph cannot verify drafts ("" when it can); then it takes none.
+        self.drafts_refused = why_drafts_are_refused(decoder)
+        self.max_draft_tokens = 0 if self.drafts_refused else max_draft_tokens
         self.batches: dict[str, Batch] = {}
         self._sizes: dict[str, tuple[int, int]] = {}
         # batch id -> (lease, time.monotonic() of its last use)
@@ -351,10 +352,7 @@ class Engine:
         if len(item.drafts) != batch.rows:
             raise InvalidArgument(field, f"got {len(item.drafts)} lengths for a batch of {batch.rows} rows")
         if self.max_draft_tokens == 0:
-            raise InvalidArgument(
-                field, "this model's graph gives only its last position's logits, so it cannot verify drafts "
-                "(max_draft_tokens 0; export it again with muestra export-lm)",
-            )  # fmt: skip
+            raise InvalidArgument(field, self.drafts_refused or "this service runs with max_draft_tokens 0")
         for row, count in enumerate(counts.tolist()):
             check_limit(f"{field}[{row}]", count, 0, self.max_draft_tokens)
         self.check_ids(f"batches[{i}].draft_ids", np.concatenate(item.drafts))
@@ -465,6 +463,21 @@ class Engine:
         for batch_id in batch_ids:
             self._drop(batch_id)
         return len(batch_ids), rows
+
+
+def why_drafts_are_refused(decoder: OnnxDecoder) -> str:
+    """Why this graph cannot verify drafts as one token at a time would, or "" when it can."""
+    if not decoder.multi_position_logits:
+        return (
+            "this model's graph gives only its last position's logits, so it cannot verify drafts "
+            "(max_draft_tokens 0; export it again with muestra export-lm)"
+        )
+    if decoder.int8_before_kv:
+        return (
+            f"this graph quantizes activations to int8 before its KV ({decoder.int8_before_kv}), so a drafted "
+            "position's KV would differ from a one-token step's; drafts are refused (max_draft_tokens 0)"
+        )
+    return ""
 
 
 def _draft_counts(item: DecodeInput, batch: Batch) -> np.ndarray:

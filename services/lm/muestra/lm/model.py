@@ -17,8 +17,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
+from muestra.lm.int8_activations import describe_quantizer, int8_activations_before_kv
 from muestra.lm.kv import ConcatKV, SharedKV
 
 log = logging.getLogger("muestra.lm")
@@ -267,6 +269,10 @@ class OnnxDecoder:
         # A graph that keeps only some positions' logits names them in this input (muestra's exporter).
         self.has_logits_positions = LOGITS_POSITIONS in inputs
         self.output_names = ["logits", *self.present_names]
+        # "node <name>, <op>" of the first node that quantizes activations to int8 before the KV, or "": on such a
+        # graph a drafted position's KV is not a one-token step's (int8_activations.py). External data stays unread.
+        quantizer = int8_activations_before_kv(onnx.load(onnx_path, load_external_data=False).graph, self.present_names)
+        self.int8_before_kv = describe_quantizer(quantizer) if quantizer is not None else ""
         self._binding: ort.IOBinding | None = None
 
         # The graph's dims may be symbolic: one real two-token step tells vocab, kv heads, head dim,

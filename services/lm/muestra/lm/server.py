@@ -334,10 +334,13 @@ def load_engine(config: LmConfig) -> Engine:
         info.name, info.num_layers, info.num_kv_heads, info.head_dim, info.kv_dtype.name,
         info.storage, info.vocab_size, info.context_length, info.fingerprint[:16],
     )  # fmt: skip
-    return Engine(
+    engine = Engine(
         decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n, config.max_tokens_per_row,
         config.max_greedy_steps, config.max_draft_tokens,
     )  # fmt: skip
+    if engine.drafts_refused:
+        log.info("drafts off: %s", engine.drafts_refused)
+    return engine
 
 
 def service_spec(engine: Engine, prefix_cache: PrefixCache | None = None, batch_idle_s: float = 0.0) -> ServiceSpec:

@@ -23,6 +23,9 @@ from muestra.gateway.generation.step_stream import StepStream
 from muestra.runtime.errors import Unavailable
 from muestra.v1 import gateway_pb2, tokenizer_pb2
 
+# What a decode ends with while its ids end inside a UTF-8 character (the stream sends no text then).
+REPLACEMENT_CHARACTER = "\ufffd"
+
 
 class TokenizerFailed(Unavailable):
     """The tokenizer failed or timed out on a call that serves a whole step."""
@@ -105,28 +108,43 @@ class Detokenizer:
             except grpc.aio.AioRpcError as exc:
                 raise TokenizerFailed(self.model, exc) from exc
         await self.name_logprob_tokens(active)
+        # Generated ids already turned into text before this step (the stop strings found none in it).
+        emitted = {id(row): row.detok.read_offset - (len(row.detok.ids) - len(row.generated)) for row in active}
         for row, delta in zip(active, reply.deltas, strict=True):
             text = row.stops.feed(row.detok.apply(delta))
             if row.stops.matched is not None:
-                if row.drafted_step > 1 and not row.request.cancelled:
-                    await self._end_at_stop(row)
+                if len(row.generated) - emitted[id(row)] > 1 and not row.request.cancelled:
+                    await self._end_at_stop(row, emitted[id(row)])
                 row.finish(gateway_pb2.STOP, row.stops.matched)
             elif row.finished:
                 text += row.stops.flush()
             if row.request.cancelled:
                 row.emit_done()
                 continue
-            row.emit_text(text)
+            # With stop strings, ids whose text waits for a later id (it ends inside a character) wait with it:
+            # a stop string found in that text may end the row before them.
+            waiting = len(row.detok.ids) - row.detok.read_offset if row.request.stop and not row.finished else 0
+            row.emit_text(text, hold=waiting)
             if row.finished:
                 row.emit_done()
 
-    async def _end_at_stop(self, row: Sequence) -> None:
-        """A stop string matched in the text of a step that took several drafted tokens: the row ends at the token
-        that completed it, as it would have one token at a time (the tokens after it are not generated)."""
-        taken = row.drafted_step
-        base = len(row.generated) - taken
-        texts = await self.decode([row.generated[: base + j] for j in range(1, taken + 1)])
-        needed = next((j for j, text in enumerate(texts, 1) if any(s in text for s in row.request.stop)), taken)
+    async def _end_at_stop(self, row: Sequence, emitted: int) -> None:
+        """A stop string matched in the text of several ids (a step that took drafted tokens, or ids whose text
+        waited for a later id to complete a character): the row ends at the id that completed it, as it would
+        one id at a time. That is the first id after which the text is whole (it does not end inside a
+        character, so the stream would have sent it) and holds a stop string; the ids after it are dropped."""
+        taken = len(row.generated) - emitted
+        tail = row.detok.ids[: len(row.detok.ids) - len(row.generated)]  # the prompt ids that give context
+        texts = await self.decode([tail, *(tail + row.generated[: emitted + j] for j in range(1, taken + 1))])
+        texts = [text[len(texts[0]) :] for text in texts[1:]]
+        needed = next(
+            (
+                j
+                for j, text in enumerate(texts, 1)
+                if not text.endswith(REPLACEMENT_CHARACTER) and any(stop in text for stop in row.request.stop)
+            ),
+            taken,
+        )
         drop = taken - needed
         if drop:
             del row.generated[-drop:]

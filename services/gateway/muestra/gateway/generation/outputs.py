@@ -86,11 +86,9 @@ class OutputProcessor:
         for row, out in zip(rows, outputs, strict=True):
             if not isinstance(row, Sequence):
                 continue
-            row.drafted_step = 0
             if not row.drafts:
                 continue
             drafts, row.drafts = row.drafts, []
-            before = len(row.generated)
             if row.finished:  # a stop string matched while this step ran; the row leaves next step
                 continue
             if row.sampling.output_kind == lm_pb2.ARGMAX:
@@ -104,7 +102,6 @@ class OutputProcessor:
             else:
                 accepted = self._judge(row, drafts, logits, out.logits_row, now)
                 row.rollback = len(drafts) - accepted
-            row.drafted_step = len(row.generated) - before
             count(row, len(drafts), accepted, self.model.name)
 
     def _judge(self, row: Sequence, drafts: list[int], logits: np.ndarray, first: int, now: float) -> int:

@@ -107,9 +107,6 @@ class Sequence:
         self.speculation = None
         self.drafts: list[int] = []
         self.rollback = 0
-        # Tokens the last step took from a verification (drafts and the chain's own): a stop string found in
-        # their text ends the row at the token that completed it.
-        self.drafted_step = 0
 
     @property
     def finished(self) -> bool:
@@ -125,12 +122,14 @@ class Sequence:
         constraint = self.sampling.constraint if self.sampling is not None else None
         return constraint.forced_count if constraint is not None else 0
 
-    def emit_text(self, text: str) -> None:
-        """Stream text (and the ids produced since the last delta)."""
-        if not text and not self.unsent_ids:
+    def emit_text(self, text: str, hold: int = 0) -> None:
+        """Stream text and the ids produced since the last delta, but the last `hold` of them."""
+        hold = min(hold, len(self.unsent_ids))
+        send = len(self.unsent_ids) - hold
+        if not text and not send:
             return
-        delta = gateway_pb2.TextDelta(text=text, token_ids=self.unsent_ids, logprobs=self.unsent_logprobs)
-        self.unsent_ids, self.unsent_logprobs = [], []
+        delta = gateway_pb2.TextDelta(text=text, token_ids=self.unsent_ids[:send], logprobs=self.unsent_logprobs[:send])
+        self.unsent_ids, self.unsent_logprobs = self.unsent_ids[send:], self.unsent_logprobs[send:]
         self.request.emit(gateway_pb2.GenerateResponse(index=self.index, delta=delta))
 
     def emit_done(self, error: str = "") -> None:

@@ -3,6 +3,7 @@ and the ngram proposer's lookups. Through the real stack: tests/gateway/test_spe
 
 from __future__ import annotations
 
+import asyncio
 import types
 
 import numpy as np
@@ -21,6 +22,10 @@ from muestra.plugin import DraftRow, RowContext
 from muestra.v1 import lm_pb2
 
 NGRAM = NgramProposer()
+
+
+def draft(policy: SpeculationPolicy, rows: list, max_draft_tokens: int, context_length: int) -> int:
+    return asyncio.run(policy.draft(rows, max_draft_tokens, context_length))
 
 
 def row(prompt: list[int], generated: list[int], max_tokens=100, stop=(), constraint=None, **params) -> Sequence:
@@ -66,13 +71,13 @@ def test_only_running_unconstrained_rows_with_nothing_queued_draft():
 
 
 def test_a_draft_never_passes_max_tokens_or_the_context():
-    policy = SpeculationPolicy("m")
+    policy = SpeculationPolicy("m", 1000)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3]
     near_the_end = row(prompt, [4], max_tokens=4)  # 3 more tokens at most: the pending one and 2 drafts
-    assert policy.draft([near_the_end], 16, 1000) == 1 and near_the_end.drafts == [5, 6]
+    assert draft(policy, [near_the_end], 16, 1000) == 1 and near_the_end.drafts == [5, 6]
     at_the_context = row(prompt, [4])
-    assert policy.draft([at_the_context], 16, len(prompt) + 1 + 3) == 1 and at_the_context.drafts == [5, 6, 7]
-    assert policy.draft([row(prompt, [4])], 0, 1000) == 0  # a model that cannot verify
+    assert draft(policy, [at_the_context], 16, len(prompt) + 1 + 3) == 1 and at_the_context.drafts == [5, 6, 7]
+    assert draft(policy, [row(prompt, [4])], 0, 1000) == 0  # a model that cannot verify
 
 
 def test_draft_length_grows_while_all_are_accepted_and_falls_back_after_a_rejection():
@@ -90,28 +95,72 @@ def test_draft_length_grows_while_all_are_accepted_and_falls_back_after_a_reject
 
 
 def test_drafting_pauses_where_it_does_not_pay_and_probes_again_later():
-    policy = SpeculationPolicy("m")
+    policy = SpeculationPolicy("m", 1000)
     policy.timed(0.010, 1, 1, 0)  # a plain step: 10 ms per row and token
     policy.timed(0.040, 1, 1, 1)  # a step with one drafting row: 30 ms more
     assert abs(policy.needed() - 3.0) < 1e-9
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
     sequence = row(prompt, [4])
     sequence.speculation.accepted = 1.0  # its drafts have been worth one token a step
-    assert policy.draft([sequence], 16, 1000) == 0
+    assert draft(policy, [sequence], 16, 1000) == 0
     assert sequence.speculation.resume_at == 1 + FIRST_PAUSE
     sequence.generated += [9] * FIRST_PAUSE
     sequence.pending_token = 9
     sequence.generated[-3:] = [1, 2, 3]
     sequence.pending_token = 3
-    assert policy.draft([sequence], 16, 1000) == 1  # one probe after the pause
+    assert draft(policy, [sequence], 16, 1000) == 1  # one probe after the pause
     assert sequence.speculation.pause == FIRST_PAUSE  # it was allowed: the next pause starts short again
 
 
 def test_non_adaptive_rows_draft_their_maximum_at_every_step():
-    policy = SpeculationPolicy("m")
+    policy = SpeculationPolicy("m", 1000)
     policy.timed(0.010, 1, 1, 0)
     policy.timed(0.100, 1, 1, 1)
     sequence = row([1, 2, 3, *range(10, 30), 1, 2, 3], [10], adaptive=False, max_draft_tokens=5)
     sequence.speculation.accepted = 0.0
-    assert policy.draft([sequence], 16, 1000) == 1
+    assert draft(policy, [sequence], 16, 1000) == 1
     assert sequence.drafts == [11, 12, 13, 14, 15]
+
+
+def test_drafts_end_before_an_id_the_model_does_not_have_and_a_failing_proposer_gives_none():
+    class Wild(NgramProposer):
+        name = "wild"
+
+        def propose(self, rows):
+            return [[5, 6, 1000, 7] for _ in rows]
+
+    class Broken(NgramProposer):
+        name = "broken"
+
+        async def propose(self, rows):
+            raise RuntimeError("the draft service is gone")
+
+    policy = SpeculationPolicy("m", 1000)
+    wild = row([1, 2, 3], [4])
+    wild.speculation = RowSpeculation.start(Speculation(Wild(), Wild().validate({})))
+    assert draft(policy, [wild], 16, 1000) == 1 and wild.drafts == [5, 6]
+    broken = row([1, 2, 3], [4])
+    broken.speculation = RowSpeculation.start(Speculation(Broken(), Broken().validate({})))
+    assert draft(policy, [broken], 16, 1000) == 0 and broken.drafts == []
+
+
+def test_a_proposer_is_told_when_its_rows_stop_asking():
+    idle = []
+
+    class Counting(NgramProposer):
+        name = "counting"
+
+        def idle(self, group):
+            idle.append(group)
+
+    proposer = Counting()
+    policy = SpeculationPolicy("m", 1000)
+    asking = row([1, 2, 3, 1, 2, 3], [1])
+    asking.speculation = RowSpeculation.start(Speculation(proposer, proposer.validate({})))
+    draft(policy, [asking], 16, 1000)
+    assert idle == []
+    asking.queued = [9]  # not eligible while forced tokens wait
+    draft(policy, [asking], 16, 1000)
+    assert idle == [policy]
+    draft(policy, [asking], 16, 1000)
+    assert idle == [policy]  # once

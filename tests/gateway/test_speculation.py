@@ -221,7 +221,7 @@ def test_constraints_step_one_token_at_a_time(stack):
 def test_bad_proposer_parameters_are_invalid_argument_naming_the_field(stack):
     gateway, _ = stack
     cases = [
-        ({"proposer": "nope"}, "speculation.proposer: unknown proposer 'nope'; registered: ngram, off"),
+        ({"proposer": "nope"}, "speculation.proposer: unknown proposer 'nope'; registered: draft_model, ngram, off"),
         ({"proposer": "ngram", "params": {"max_draft_tokens": 0}}, "speculation.params.max_draft_tokens: "),
         ({"proposer": "ngram", "params": {"max_draft_tokens": 17}}, "speculation.params.max_draft_tokens: "),
         ({"proposer": "ngram", "params": {"min_ngram": 3, "max_ngram": 2}}, "speculation.params.min_ngram: is 3"),

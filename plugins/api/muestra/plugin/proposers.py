@@ -17,6 +17,11 @@ never which text: a wrong guess costs time only.
 The gateway decides how many tokens each row may get (`DraftRow.max_tokens`, at most the request's
 max_draft_tokens): it lowers that for rows whose drafts are seldom accepted, and stops asking where
 speculation does not pay.
+
+`propose` may be a coroutine (`async def`): the gateway awaits it, so a proposer may call another
+service (the built-in "draft_model" proposer runs a smaller model on an lm). Its time counts in the step
+it drafts for, so the adaptive policy weighs it. A proposer that raises, or whose coroutine fails, gives
+no drafts for that step; the rows go on one token at a time.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ class DraftRow:
     params: dict
     # The proposer's private per-row state (kept between steps).
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The step loop asking (one per lm replica of the target model): the rows of one call share it, and the
+    # same group asks again before its next step. A proposer that keeps state per loop (a draft model's
+    # batch) keys it by this.
+    group: object = None
 
 
 class DraftProposer:
@@ -70,8 +79,13 @@ class DraftProposer:
 
     def propose(self, rows: Sequence[DraftRow]) -> list[Sequence[int]]:
         """Per row, up to row.max_tokens draft ids (may be empty). Called between two decode steps, on the
-        gateway's event loop: keep it to microseconds per row."""
+        gateway's event loop: a plain function must keep to microseconds per row; one that waits on I/O is
+        a coroutine (`async def propose`)."""
         raise NotImplementedError
+
+    def idle(self, group: object) -> None:
+        """The step loop `group`, which asked for drafts before, has no row asking now (its rows finished or
+        paused): a proposer may free what it holds for that loop. It may ask again later."""
 
 
 def check_proposer(proposer: object) -> None:

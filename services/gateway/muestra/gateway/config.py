@@ -56,6 +56,11 @@ class GatewayConfig(ServiceConfig, RedisConfig):
         "draft proposer of requests that name none (speculative decoding; the text for a seed is the same either "
         "way but for near-ties, docs/speculative.md): a registered proposer's name such as ngram, or off",
     )
+    speculation_params: str = _f(
+        "",
+        'params of --speculation\'s proposer as a JSON object, such as {"model": "smollm2-int4"} for draft_model; a '
+        "request that names its own proposer gives its own",
+    )
     startup_timeout_s: float = _f(120.0, "how long to wait for the backend services at start")
     affinity_tokens: int = _f(32, "prompts sharing this many leading tokens go to the same lm replica")
     health_interval_s: float = _f(2.0, "seconds between health checks (and DNS lookups) of lm replicas")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import secrets
@@ -102,6 +103,24 @@ async def stream_generation(
             scheduler.poke()
 
 
+def default_speculation(config: GatewayConfig, proposers: ProposerRegistry) -> gateway_pb2.SpeculationSpec:
+    """What requests that name no proposer get: --speculation with --speculation-params, checked now."""
+    spec = gateway_pb2.SpeculationSpec(proposer=config.speculation)
+    if config.speculation_params:
+        try:
+            params = json.loads(config.speculation_params)
+            if not isinstance(params, dict):
+                raise ValueError(f"must be a JSON object, got {type(params).__name__}")
+            spec.params.update(params)
+        except ValueError as exc:
+            raise ValueError(f"--speculation-params: {exc}") from exc
+    try:
+        proposers.choose(spec)
+    except InvalidArgument as exc:
+        raise ValueError(f"--speculation {config.speculation} with --speculation-params: {exc}") from exc
+    return spec
+
+
 def _utf8_len(text: str) -> int:
     return len(text.encode("utf-8", errors="surrogatepass"))
 
@@ -127,7 +146,11 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
         if config.speculation not in (OFF, *self.proposers.names()):
             known = ", ".join([*self.proposers.names(), OFF])
             raise ValueError(f"--speculation {config.speculation!r} is not a registered proposer ({known})")
-        self.proposers.default = gateway_pb2.SpeculationSpec(proposer=config.speculation)
+        self.proposers.default = default_speculation(config, self.proposers)
+        for entry in self.proposers.list():
+            # A proposer that drafts with served models (the built-in draft_model) finds them here.
+            if callable(attach := getattr(entry.proposer, "attach", None)):
+                attach(registry, config.lm_timeout_s)
         limits = ConstraintLimits(config.max_constraint_bytes, config.constraint_compile_timeout_s)
         self.grammar_engines = {
             model.name: GrammarEngine(model, limits, config.tokenizer_timeout_s) for model in registry.text.values()
@@ -237,7 +260,15 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             raise InvalidArgument("n", f"needs {rows} rows; the gateway's batch holds {self.config.max_batch_rows}")
         speculation = None
         if not chain.is_search:
-            speculation = self.proposers.choose(request.speculation if request.HasField("speculation") else None)
+            asked = request.speculation if request.HasField("speculation") else None
+            speculation = self.proposers.choose(asked)
+            if speculation is not None and callable(check := getattr(speculation.proposer, "check_target", None)):
+                try:
+                    check(speculation.params, model)
+                except InvalidArgument:
+                    if asked is not None:
+                        raise
+                    speculation = None  # the gateway's default cannot draft for this model (it is the draft model)
         constraint = None
         if request.HasField("constraint"):
             if chain.is_search:

@@ -72,7 +72,7 @@ class ReplicaScheduler:
         self.steps = 0
         self.kv = KvAdmission(model.name, replica, config.greedy_burst)  # admission by the lm's KV budget
         self.policy = StepPolicy(config.greedy_burst, config.greedy_burst_ms, model.context_length)
-        self.speculation = SpeculationPolicy(model.name)
+        self.speculation = SpeculationPolicy(model.name, model.vocab_size)
         # The last Decode's lm steps and drafting rows, for the speculation policy's timing of the whole step.
         self.last_step = (1, 1, 0)
         self.progress = Progress()
@@ -292,7 +292,7 @@ class ReplicaScheduler:
         joinable = joinable and self.kv.fits(self.waiting[0], every)
         drafted = 0
         if tokens == 1:  # several tokens per row are a lone row's forced ones, never drafted
-            drafted = self.speculation.draft(every, self.replica.max_draft_tokens, self.model.context_length)
+            drafted = await self.speculation.draft(every, self.replica.max_draft_tokens, self.model.context_length)
         # Rows with drafts take several tokens in one step already: no greedy burst then.
         steps = 1 if drafted else self.policy.burst(every, self.replica.max_greedy_steps, joinable)
         request = lm_pb2.DecodeRequest(

@@ -20,6 +20,9 @@ slowed down.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import itertools
+import logging
 
 import numpy as np
 
@@ -28,6 +31,8 @@ from muestra.gateway.generation.request import Sequence
 from muestra.gateway.proposers.registry import Speculation
 from muestra.plugin import DraftRow
 from muestra.v1 import lm_pb2
+
+log = logging.getLogger("muestra.gateway.speculation")
 
 # Weight of the newest measurement in the running estimates.
 WEIGHT = 0.3
@@ -82,12 +87,16 @@ class SpeculationPolicy:
     Costs are the scheduler's own step times (the lm's Decode, sampling and the verdicts), so that what
     speculation saves besides forwards (a round trip and a sampling pass per token) counts too."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, vocab_size: int) -> None:
         self.model_name = model_name
+        # Draft ids must be below it (a proposer's draft ends before the first that is not).
+        self.vocab_size = vocab_size
         # Running estimates: a plain step's time per row and token (s), and the extra time each drafted row
         # adds to a step.
         self.plain_s: float | None = None
         self.extra_s: float | None = None
+        # The proposers asked at the last step (by id), told when none of their rows asks any more.
+        self._asked: dict[int, object] = {}
 
     def timed(self, step_s: float, steps: int, rows: int, drafted_rows: int) -> None:
         """A scheduler step of `steps` lm steps (a greedy burst) over `rows` rows took step_s; drafted_rows of them
@@ -100,6 +109,9 @@ class SpeculationPolicy:
             extra = max(0.0, step_s - self.plain_s * rows) / drafted_rows
             self.extra_s = extra if self.extra_s is None else self.extra_s + WEIGHT * (extra - self.extra_s)
 
+    def _valid(self, token) -> bool:
+        return 0 <= int(token) < self.vocab_size
+
     def needed(self) -> float:
         """Accepted tokens per verification that pay for a drafted row's extra time: what it adds to a step, in
         plain steps of one row."""
@@ -107,7 +119,7 @@ class SpeculationPolicy:
             return 0.0  # not measured yet: draft, and measure
         return self.extra_s / self.plain_s
 
-    def draft(self, rows: list, max_draft_tokens: int, context_length: int) -> int:
+    async def draft(self, rows: list, max_draft_tokens: int, context_length: int) -> int:
         """Give each eligible row of the next Decode its drafts (Sequence.drafts); how many rows got some."""
         asking: dict[int, tuple] = {}
         needed = self.needed()
@@ -138,17 +150,39 @@ class SpeculationPolicy:
                 continue
             ids = np.concatenate([row.sampling.context.prompt_ids, np.asarray(row.generated, dtype=np.int64)])
             asking.setdefault(id(spec.speculation.proposer), (spec.speculation.proposer, []))[1].append(
-                (row, DraftRow(ids, room, spec.speculation.params, spec.state))
+                (row, DraftRow(ids, room, spec.speculation.params, spec.state, self))
             )
+        for key, proposer in self._asked.items():
+            if key not in asking:
+                try:
+                    proposer.idle(self)
+                except Exception:
+                    log.exception("proposer %s failed to free what it held", proposer.name)
+        self._asked = {key: proposer for key, (proposer, _) in asking.items()}
         drafted = 0
         for proposer, entries in asking.values():
-            proposals = proposer.propose([draft for _, draft in entries])
+            proposals = await _proposals(proposer, [draft for _, draft in entries])
             for (row, draft), proposal in zip(entries, proposals, strict=True):
-                tokens = [int(t) for t in list(proposal)[: draft.max_tokens]]
+                tokens = [int(t) for t in itertools.takewhile(self._valid, list(proposal)[: draft.max_tokens])]
                 if tokens:
                     row.drafts = tokens
                     drafted += 1
         return drafted
+
+
+async def _proposals(proposer, rows: list[DraftRow]) -> list:
+    """The proposer's drafts for `rows`; none for any of them if it fails (the rows step one token at a time)."""
+    try:
+        proposals = proposer.propose(rows)
+        if inspect.isawaitable(proposals):
+            proposals = await proposals
+        proposals = list(proposals)
+        if len(proposals) != len(rows):
+            raise ValueError(f"gave {len(proposals)} drafts for {len(rows)} rows")
+        return proposals
+    except Exception:
+        log.exception("proposer %s failed; its rows step without drafts this time", proposer.name)
+        return [()] * len(rows)
 
 
 def eligible(row) -> bool:

@@ -2,6 +2,7 @@
 llama-lookup on the same GGUF file and prompts beside it.
 
     .venv/bin/python bench/speculative.py [--tokens 128] [--rounds 2] [--json out.json]
+    .venv/bin/python bench/speculative.py --draft-model [--streams 1]   # draft_model instead of ngram
 
 Prompts: input-grounded ones (summarise a given passage, extract fields as JSON, rewrite a given code
 snippet, answer from a given context; the passages are CPython's own documentation and sources, so nothing
@@ -15,6 +16,11 @@ the same work either way), the ratio ngram/off, the drafts' acceptance rate and 
 drafting rows. llama.cpp: llama-lookup (its prompt-lookup example: n-gram drafts of up to 8 tokens, greedy
 and temperature 0.7) and llama-bench's plain decode (tg) on models/smollm2-135m-instruct/source/*.gguf, the
 file muestra's model was imported from. llama.cpp is built by bench/llama_cpp.py (cached).
+
+--draft-model: the target is the same GGUF file imported with its weights dequantized to float32 (built once,
+cached under ${MUESTRA_CACHE_DIR:-~/.cache/muestra}/bench/), served as "smollm2-f32"; the default model (its
+4-bit blocks as stored) drafts for it with the draft_model proposer, on an lm of its own. The modes are then
+"off" and "draft_model", and llama.cpp is not run (its file is the 4-bit one).
 """
 
 from __future__ import annotations
@@ -47,7 +53,10 @@ from muestra.v1 import gateway_pb2_grpc  # noqa: E402
 from tests.harness import ServiceProcess  # noqa: E402
 
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
+CACHE = Path(os.environ.get("MUESTRA_CACHE_DIR", Path.home() / ".cache" / "muestra")) / "bench"
+TARGET_F32 = "smollm2-f32"
 PROPOSER = {"proposer": "ngram"}
+DRAFT_MODEL = {"proposer": "draft_model", "params": {"model": "smollm2"}}
 SAMPLED = {"temperature": 0.7, "top_p": 0.9}
 
 
@@ -93,19 +102,36 @@ def chat_text(tokenizer, prompt: str) -> str:
 
 
 class Stack:
-    def __init__(self, log_dir: Path, threads: int) -> None:
+    """tokenizer, lm and gateway over the default model; with `target`, a second lm serves that folder as the
+    model requests go to ("smollm2-f32"), and the default model ("smollm2") can draft for it."""
+
+    def __init__(self, log_dir: Path, threads: int, target: Path | None = None) -> None:
         quiet = ["--log-level", "WARNING"]
         self.tokenizer = ServiceProcess("tokenizer", ["--models", str(MODEL), *quiet], log_dir)
-        lm = ["--model", str(MODEL), "--providers", "cpu", "--intra-op-threads", str(threads), *quiet]
-        self.lm = ServiceProcess("lm", lm, log_dir)
-        gateway = ["--tokenizer-addr", self.tokenizer.address, "--lm-addr", self.lm.address, "--http-port", "-1"]
-        self.gateway = ServiceProcess("gateway", [*gateway, *quiet], log_dir)
+        lm = ["--providers", "cpu", "--intra-op-threads", str(threads), *quiet]
+        self.lms = [ServiceProcess("lm", ["--model", str(MODEL), *lm], log_dir)]
+        self.model = ""
+        if target is None:
+            gateway = ["--tokenizer-addr", self.tokenizer.address, "--lm-addr", self.lms[0].address]
+        else:
+            self.lms.append(ServiceProcess("lm", ["--model", str(target), *lm], log_dir))
+            self.model = TARGET_F32
+            models = {
+                "smollm2": {"tokenizer": self.tokenizer.address, "lm": [self.lms[0].address]},
+                TARGET_F32: {"tokenizer": self.tokenizer.address, "lm": [self.lms[1].address]},
+            }
+            config = log_dir / "models.json"
+            config.write_text(json.dumps({"text": models}))
+            gateway = ["--models-config", str(config)]
+        self.gateway = ServiceProcess("gateway", [*gateway, "--http-port", "-1", *quiet], log_dir)
         self.channel = grpc.insecure_channel(self.gateway.address)
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
 
     def generate(self, text: str, tokens: int, seed: int, sampled: bool, speculation) -> dict:
         sampling = SAMPLED if sampled else {"samplers": [{"name": "greedy"}]}
-        request = build_request(text, None, max_tokens=tokens, seed=seed, speculation=speculation, **sampling)
+        request = build_request(
+            text, None, model=self.model, max_tokens=tokens, seed=seed, speculation=speculation, **sampling
+        )
         request.disable_prefix_cache = True  # both twins prefill the whole prompt
         ids, done = [], None
         for message in self.stub.Generate(request, timeout=600):
@@ -126,8 +152,21 @@ class Stack:
 
     def close(self) -> None:
         self.channel.close()
-        for service in (self.gateway, self.lm, self.tokenizer):
+        for service in (self.gateway, *self.lms, self.tokenizer):
             service.stop()
+
+
+def f32_target() -> Path:
+    """The default model's GGUF file imported with its weights dequantized to float32 (built once, cached)."""
+    out = CACHE / TARGET_F32
+    if not (out / "model.onnx").is_file():
+        (gguf,) = (MODEL / "source").glob("*.gguf")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f"{TARGET_F32}-", dir=out.parent)) / "export"
+        command = [sys.executable, "-m", "muestra.lm.export", "--dequantize", "--dtype", "float32", str(gguf)]
+        subprocess.run([*command, str(partial)], check=True)
+        partial.rename(out)
+    return out
 
 
 def run_set(stack: Stack, texts: list[str], streams: int, tokens: int, sampled: bool, speculation) -> dict:
@@ -230,6 +269,9 @@ def main() -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime and llama.cpp threads (0: all cores)")
     parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument(
+        "--draft-model", action="store_true", help="the default model drafts for its float32 import (draft_model)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -241,50 +283,52 @@ def main() -> None:
     }
     threads = args.threads or os.cpu_count() or 1
     log_dir = Path(tempfile.mkdtemp(prefix="bench-speculative-"))
-    stack = Stack(log_dir, args.threads)
+    mode, proposer = ("draft_model", DRAFT_MODEL) if args.draft_model else ("ngram", PROPOSER)
+    stack = Stack(log_dir, args.threads, f32_target() if args.draft_model else None)
     rows = []
     try:
         for streams in args.streams:
             for kind, texts in sets.items():
                 for sampled in (False, True):
-                    rates: dict[str, list[float]] = {"off": [], "ngram": []}
+                    rates: dict[str, list[float]] = {"off": [], mode: []}
                     outputs: dict[str, list] = {}
                     drafted = accepted = tokens = 0
                     for _ in range(args.rounds):
-                        for mode, speculation in (("off", "off"), ("ngram", PROPOSER)):
+                        for name, speculation in (("off", "off"), (mode, proposer)):
                             result = run_set(stack, texts, streams, args.tokens, sampled, speculation)
-                            rates[mode].append(result["tokens_per_s"])
-                            outputs.setdefault(mode, []).extend(result["ids"])
-                            if mode == "ngram":
+                            rates[name].append(result["tokens_per_s"])
+                            outputs.setdefault(name, []).extend(result["ids"])
+                            if name == mode:
                                 drafted += result["drafted"]
                                 accepted += result["accepted"]
                                 tokens += result["tokens"]
-                    off, on = statistics.median(rates["off"]), statistics.median(rates["ngram"])
-                    # Every ngram output against its twin (rounds repeat the seeds, so each round must match).
-                    identical = sum(a == b for a, b in zip(outputs["off"], outputs["ngram"], strict=True))
+                    off, on = statistics.median(rates["off"]), statistics.median(rates[mode])
+                    # Every drafted output against its twin (rounds repeat the seeds, so each round must match).
+                    identical = sum(a == b for a, b in zip(outputs["off"], outputs[mode], strict=True))
                     row = {
                         "set": kind,
                         "mode": "sampled" if sampled else "greedy",
                         "streams": streams,
                         "off_tokens_per_s": off,
-                        "ngram_tokens_per_s": on,
+                        "proposer": mode,
+                        f"{mode}_tokens_per_s": on,
                         "ratio": on / off,
                         "rounds_off": rates["off"],
-                        "rounds_ngram": rates["ngram"],
+                        f"rounds_{mode}": rates[mode],
                         "acceptance": accepted / drafted if drafted else 0.0,
                         "drafted_per_token": drafted / tokens if tokens else 0.0,
                         "identical": f"{identical}/{len(outputs['off'])}",
                     }
                     rows.append(row)
                     print(
-                        f"{kind:9} {row['mode']:8} {streams} stream(s): off {off:6.1f} tok/s, ngram {on:6.1f} tok/s, "
+                        f"{kind:9} {row['mode']:8} {streams} stream(s): off {off:6.1f} tok/s, {mode} {on:6.1f} tok/s, "
                         f"{row['ratio']:.2f}x; acceptance {row['acceptance']:.0%}; identical {row['identical']}",
                         flush=True,
                     )
     finally:
         stack.close()
     report = {"machine": cpu_name(), "tokens": args.tokens, "rows": rows}
-    if not args.no_llama_cpp:
+    if not args.no_llama_cpp and not args.draft_model:
         report["llama_cpp"] = llama_cpp_figures(sets, args.tokens, threads)
         for key, value in report["llama_cpp"].items():
             print(f"llama.cpp {key}: {value}", flush=True)

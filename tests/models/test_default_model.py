@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from muestra.client import Client
 from tests.fixtures.default_model import SOURCE_GGUF, default_model_or_skip
+from tests.harness import ServiceProcess
 
 CHATS = {
     "capital": [{"role": "user", "content": "What is the capital of France?"}],
@@ -153,6 +154,53 @@ def test_speculation_on_the_default_model_gives_the_same_tokens_for_the_same_see
         drafted = client.generate(**job, speculation=ALWAYS_DRAFT).wait()
     done = drafted.completions[0]
     assert done.draft_tokens > 0 and done.accepted_draft_tokens > 0, done
+    ours, theirs = drafted.token_ids[0], plain.token_ids[0]
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+    assert ours == theirs, (
+        f"speculation changed token {first}: {ours[first : first + 4]} against {theirs[first : first + 4]}"
+    )
+    assert drafted.texts == plain.texts
+
+
+@pytest.fixture(scope="module")
+def drafting_stack(tmp_path_factory):
+    """The default model as "smollm2", and the same folder on a second lm as "smollm2-draft", drafting for it."""
+    folder = default_model_or_skip()
+    log_dir = tmp_path_factory.mktemp("default-model-draft")
+    processes = [ServiceProcess("tokenizer", ["--models", str(folder)], log_dir)]
+    try:
+        flags = ["--model", str(folder), "--providers", "cpu", "--intra-op-threads", "1"]
+        processes += [ServiceProcess("lm", flags, log_dir), ServiceProcess("lm", flags, log_dir)]
+        tokenizer = processes[0].address
+        models = {
+            "smollm2": {"tokenizer": tokenizer, "lm": [processes[1].address]},
+            "smollm2-draft": {"tokenizer": tokenizer, "lm": [processes[2].address]},
+        }
+        config = log_dir / "models.json"
+        config.write_text(json.dumps({"text": models}))
+        processes.append(ServiceProcess("gateway", ["--models-config", str(config)], log_dir))
+        yield processes[-1]
+    finally:
+        for process in reversed(processes):
+            process.stop()
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"samplers": [{"name": "greedy"}]}, {"temperature": 0.7, "top_p": 0.9}], ids=["greedy", "sampled"]
+)
+def test_a_draft_model_on_the_default_model_gives_the_same_tokens_for_the_same_seed(drafting_stack, sampling):
+    """draft_model with the real model and tokenizer: the draft is the same weights on another lm, so a greedy
+    row keeps nearly every draft (which holds only if the draft KV followed the row), and the tokens are those
+    without drafts."""
+    draft = {"proposer": "draft_model", "params": {"model": "smollm2-draft", "adaptive": False}}
+    with Client(drafting_stack.address, timeout=300) as client:
+        job = {"model": "smollm2", "messages": GROUNDED, "max_tokens": 64, "seed": 7, **sampling}
+        plain = client.generate(**job, speculation="off").wait()
+        drafted = client.generate(**job, speculation=draft).wait()
+    done = drafted.completions[0]
+    assert done.draft_tokens > 0 and done.accepted_draft_tokens > 0, done
+    if "samplers" in sampling:
+        assert done.accepted_draft_tokens >= 0.9 * done.draft_tokens, done
     ours, theirs = drafted.token_ids[0], plain.token_ids[0]
     first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
     assert ours == theirs, (

@@ -109,6 +109,8 @@ class Stack:
         quiet = ["--log-level", "WARNING"]
         self.tokenizer = ServiceProcess("tokenizer", ["--models", str(MODEL), *quiet], log_dir)
         lm = ["--providers", "cpu", "--intra-op-threads", str(threads), *quiet]
+        if target is not None:  # two lm processes take turns on the cores: no thread spins while the other works
+            lm += ["--intra-op-spinning", "false"]
         self.lms = [ServiceProcess("lm", ["--model", str(MODEL), *lm], log_dir)]
         self.model = ""
         if target is None:

@@ -23,6 +23,13 @@ class LmConfig(ServiceConfig, RedisConfig):
     intra_op_threads: int = dataclasses.field(
         default=0, metadata={"help": "onnxruntime intra-op threads (0: onnxruntime's default)"}
     )
+    intra_op_spinning: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "onnxruntime's intra-op threads spin between operators (fastest alone); false where other "
+            "processes share the cores, such as a draft model's lm beside its target's"
+        },
+    )
     max_batch_rows: int = dataclasses.field(default=64, metadata={"help": "largest number of rows one batch may hold"})
     kv_budget_bytes: int = dataclasses.field(
         default=4 << 30, metadata={"help": "bytes of KV cache (plus prefill logits) the service may hold at once"}

@@ -208,6 +208,7 @@ class OnnxDecoder:
         intra_op_threads: int = 0,
         context_length: int = 0,
         name: str = "",
+        intra_op_spinning: bool = True,
     ) -> None:
         folder = Path(folder)
         onnx_path = folder / "model.onnx"
@@ -224,6 +225,8 @@ class OnnxDecoder:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra_op_threads > 0:
             options.intra_op_num_threads = intra_op_threads
+        if not intra_op_spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         wanted = resolve_providers(providers)
         try:
             self.session = ort.InferenceSession(str(onnx_path), options, providers=wanted)

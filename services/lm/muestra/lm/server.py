@@ -325,6 +325,7 @@ def load_engine(config: LmConfig) -> Engine:
         config.model,
         providers=config.providers,
         intra_op_threads=config.intra_op_threads,
+        intra_op_spinning=config.intra_op_spinning,
         context_length=config.context_length,
         name=config.model_name,
     )

@@ -18,7 +18,8 @@ from muestra.v1 import gateway_pb2, gateway_pb2_grpc
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 ROW = re.compile(
-    r"^\| `(muestra_[a-z0-9_]+)` \| (counter|gauge|histogram) \| (\w+) \| (requests|load|faults|fixed|no-redis|drafts) \|"
+    r"^\| `(muestra_[a-z0-9_]+)` \| (counter|gauge|histogram) \| (\w+) \| "
+    r"(requests|load|faults|fixed|no-redis|drafts) \|"
 )
 # A long prompt, sent twice: its full blocks are cached after the first time.
 LONG_PROMPT = " ".join(f"def f{i}(x): return x + {i}" for i in range(40))

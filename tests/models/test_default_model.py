@@ -200,7 +200,9 @@ def test_a_draft_model_on_the_default_model_gives_the_same_tokens_for_the_same_s
     done = drafted.completions[0]
     assert done.draft_tokens > 0 and done.accepted_draft_tokens > 0, done
     if "samplers" in sampling:
-        assert done.accepted_draft_tokens >= 0.9 * done.draft_tokens, done
+        # The draft model does not stop at the end of the text: the last verification may propose up to
+        # max_draft_tokens past the target's EOS, and those are dropped.
+        assert done.accepted_draft_tokens >= 0.9 * (done.draft_tokens - 16), done
     ours, theirs = drafted.token_ids[0], plain.token_ids[0]
     first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
     assert ours == theirs, (

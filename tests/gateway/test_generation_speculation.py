@@ -10,6 +10,8 @@ import numpy as np
 
 from muestra.gateway.generation.request import GenerationRequest, Sequence
 from muestra.gateway.generation.speculation import (
+    CREDIT,
+    DEBT,
     FIRST_PAUSE,
     START_DRAFT,
     RowSpeculation,
@@ -101,15 +103,38 @@ def test_drafting_pauses_where_it_does_not_pay_and_probes_again_later():
     assert abs(policy.needed() - 3.0) < 1e-9
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
     sequence = row(prompt, [4])
-    sequence.speculation.accepted = 1.0  # its drafts have been worth one token a step
+    spec = sequence.speculation
+    spec.balance = -DEBT - 0.5  # its drafts have cost more than they kept
     assert draft(policy, [sequence], 16, 1000) == 0
-    assert sequence.speculation.resume_at == 1 + FIRST_PAUSE
+    assert spec.resume_at == 1 + FIRST_PAUSE and spec.pause == 2 * FIRST_PAUSE
     sequence.generated += [9] * FIRST_PAUSE
-    sequence.pending_token = 9
     sequence.generated[-3:] = [1, 2, 3]
     sequence.pending_token = 3
-    assert draft(policy, [sequence], 16, 1000) == 1  # one probe after the pause
-    assert sequence.speculation.pause == FIRST_PAUSE  # it was allowed: the next pause starts short again
+    assert draft(policy, [sequence], 16, 1000) == 1  # a probe after the pause, from an even balance
+    assert spec.pause == 2 * FIRST_PAUSE  # its drafts have not paid since: the next pause is longer
+    spec.verified(8, 8)  # the probe kept 8 drafts for the cost of 3 plain steps
+    assert spec.balance == CREDIT
+    sequence.generated += [1, 2, 3]
+    sequence.pending_token = 3
+    assert draft(policy, [sequence], 16, 1000) == 1
+    assert spec.pause == FIRST_PAUSE  # they paid: the next pause starts short again
+
+
+def test_credit_from_good_drafts_outlasts_a_few_misses():
+    policy = SpeculationPolicy("m", 1000)
+    policy.timed(0.010, 1, 1, 0)
+    policy.timed(0.040, 1, 1, 1)  # a drafting row costs 3 plain steps
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    sequence = row(prompt, [4])
+    spec = sequence.speculation
+    spec.balance = CREDIT
+    for balance in (CREDIT - 3, CREDIT - 6):  # two verifications that kept nothing
+        assert draft(policy, [sequence], 16, 1000) == 1
+        spec.verified(8, 0)
+        assert spec.balance == balance
+    assert draft(policy, [sequence], 16, 1000) == 1  # -2 is above -DEBT: it drafts once more
+    spec.verified(8, 0)
+    assert draft(policy, [sequence], 16, 1000) == 0  # -5: a pause
 
 
 def test_non_adaptive_rows_draft_their_maximum_at_every_step():
@@ -117,7 +142,7 @@ def test_non_adaptive_rows_draft_their_maximum_at_every_step():
     policy.timed(0.010, 1, 1, 0)
     policy.timed(0.100, 1, 1, 1)
     sequence = row([1, 2, 3, *range(10, 30), 1, 2, 3], [10], adaptive=False, max_draft_tokens=5)
-    sequence.speculation.accepted = 0.0
+    sequence.speculation.balance = -100.0  # never pauses
     assert draft(policy, [sequence], 16, 1000) == 1
     assert sequence.drafts == [11, 12, 13, 14, 15]
 

@@ -11,10 +11,11 @@ how many rejected drafts to drop (DecodeBatch.rollback).
 Not every row drafts. Rows with a constraint step one token at a time (their masks are known one token at
 a time), and so do beam searches. A row with stop strings drafts: when the text of a step's tokens holds a
 stop string, the detokenizer ends the row at the token that completed it. A row's draft length grows while every draft
-is accepted and falls back to START_DRAFT otherwise. A row whose accepted tokens are not worth the
-measured extra time of its verification (each drafted row costs its own forward on fused-attention graphs)
-stops drafting for a few tokens, longer each time it happens again, so text that no proposer predicts is not
-slowed down.
+is accepted and falls back to START_DRAFT otherwise. Each verification weighs the drafts it kept against
+the measured extra time of a drafting row (each costs its own forward on fused-attention graphs), in a
+running balance with a little credit: a row whose drafts have cost more than they kept stops drafting for a
+few tokens, longer each time it happens again before its drafts pay, so text that no proposer predicts is
+not slowed down, and a copied passage's last misses do not stop the drafts that will copy the next one.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ log = logging.getLogger("muestra.gateway.speculation")
 
 # Weight of the newest measurement in the running estimates.
 WEIGHT = 0.3
-# What a row's drafts are assumed to be worth before its first verification, in accepted tokens.
-PRIOR_ACCEPTED = 2.0
+# A row's drafts keep a balance, in tokens: each verification adds the drafts it kept less what it cost (the
+# extra time of a drafting row, in plain steps). Good runs build credit, up to CREDIT, that a few misses at the
+# end of a copied passage spend; the row pauses once its balance falls below -DEBT.
+CREDIT = 4.0
+DEBT = 3.0
 # Tokens a row generates without drafts once drafting stopped paying, first and at most (each pause in a
 # row doubles it; a verification that pays resets it).
 FIRST_PAUSE = 32
@@ -55,8 +59,10 @@ class RowSpeculation:
 
     speculation: Speculation
     k: int
-    # Running mean of the drafts accepted per verification.
-    accepted: float = PRIOR_ACCEPTED
+    # What its drafts gained over their cost so far, in tokens (see CREDIT), and what a verification cost when
+    # it last drafted.
+    balance: float = 0.0
+    needed: float = 0.0
     # The row drafts again once it has generated this many tokens; the next pause's length.
     resume_at: int = 0
     pause: int = FIRST_PAUSE
@@ -75,7 +81,7 @@ class RowSpeculation:
         """A verification of `drafted` tokens kept `accepted` of them."""
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
-        self.accepted += WEIGHT * (accepted - self.accepted)
+        self.balance = min(CREDIT, self.balance + accepted - self.needed)
         limit = self.speculation.max_draft_tokens
         if self.speculation.adaptive:
             self.k = min(limit, self.k + GROWTH) if accepted == drafted else min(limit, START_DRAFT)
@@ -132,13 +138,16 @@ class SpeculationPolicy:
             if spec.speculation.adaptive:
                 if len(row.generated) < spec.resume_at:
                     continue
-                if spec.accepted < needed:
-                    # Not worth it now: a pause, longer each time; afterwards one verification measures again.
+                if spec.balance < -DEBT:
+                    # Not worth it now: a pause, longer each time drafts have not paid since the last one; then
+                    # the row drafts again with an even balance.
                     spec.resume_at = len(row.generated) + spec.pause
                     spec.pause = min(2 * spec.pause, MAX_PAUSE)
-                    spec.accepted = needed
+                    spec.balance = 0.0
                     continue
-                spec.pause = FIRST_PAUSE
+                if spec.balance > 0:
+                    spec.pause = FIRST_PAUSE
+                spec.needed = needed
             held = len(row.request.prompt_ids) + len(row.generated)
             room = min(
                 spec.k,

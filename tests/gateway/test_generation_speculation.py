@@ -114,10 +114,20 @@ def test_drafting_pauses_where_it_does_not_pay_and_probes_again_later():
     assert spec.pause == 2 * FIRST_PAUSE  # its drafts have not paid since: the next pause is longer
     spec.verified(8, 8)  # the probe kept 8 drafts for the cost of 3 plain steps
     assert spec.balance == CREDIT
-    sequence.generated += [1, 2, 3]
-    sequence.pending_token = 3
-    assert draft(policy, [sequence], 16, 1000) == 1
     assert spec.pause == FIRST_PAUSE  # they paid: the next pause starts short again
+
+
+def test_in_a_batch_a_row_pauses_after_any_verification_that_did_not_pay():
+    policy = SpeculationPolicy("m", 1000)
+    policy.timed(0.010, 1, 1, 0)
+    policy.timed(0.040, 1, 1, 1)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    first, second = row(prompt, [4]), row(prompt, [4])
+    assert draft(policy, [first, second], 16, 1000) == 2
+    first.speculation.verified(8, 8)
+    second.speculation.verified(8, 2)  # 2 kept for 3 plain steps
+    assert first.speculation.balance == 0.0  # no credit in a batch
+    assert draft(policy, [first, second], 16, 1000) == 1 and second.drafts == []
 
 
 def test_credit_from_good_drafts_outlasts_a_few_misses():

@@ -38,8 +38,10 @@ log = logging.getLogger("muestra.gateway.speculation")
 # Weight of the newest measurement in the running estimates.
 WEIGHT = 0.3
 # A row's drafts keep a balance, in tokens: each verification adds the drafts it kept less what it cost (the
-# extra time of a drafting row, in plain steps). Good runs build credit, up to CREDIT, that a few misses at the
-# end of a copied passage spend; the row pauses once its balance falls below -DEBT.
+# extra time of a drafting row, in plain steps). Alone in its batch, where a verification is one forward with
+# its pending token, good runs build credit, up to CREDIT, that a few misses at the end of a copied passage
+# spend, and the row pauses once its balance falls below -DEBT. In a batch of several rows each drafting row
+# costs a forward of its own (docs/speculative.md), and a row pauses after any verification that did not pay.
 CREDIT = 4.0
 DEBT = 3.0
 # Tokens a row generates without drafts once drafting stopped paying, first and at most (each pause in a
@@ -63,6 +65,7 @@ class RowSpeculation:
     # it last drafted.
     balance: float = 0.0
     needed: float = 0.0
+    credit: float = CREDIT
     # The row drafts again once it has generated this many tokens; the next pause's length.
     resume_at: int = 0
     pause: int = FIRST_PAUSE
@@ -81,7 +84,9 @@ class RowSpeculation:
         """A verification of `drafted` tokens kept `accepted` of them."""
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
-        self.balance = min(CREDIT, self.balance + accepted - self.needed)
+        self.balance = min(self.credit, self.balance + accepted - self.needed)
+        if accepted > self.needed:
+            self.pause = FIRST_PAUSE  # drafts pay again: the next pause starts short
         limit = self.speculation.max_draft_tokens
         if self.speculation.adaptive:
             self.k = min(limit, self.k + GROWTH) if accepted == drafted else min(limit, START_DRAFT)
@@ -129,6 +134,8 @@ class SpeculationPolicy:
         """Give each eligible row of the next Decode its drafts (Sequence.drafts); how many rows got some."""
         asking: dict[int, tuple] = {}
         needed = self.needed()
+        alone = sum(isinstance(row, Sequence) for row in rows) == 1
+        debt = DEBT if alone else 0.0
         for row in rows:
             if isinstance(row, Sequence):
                 row.drafts = []
@@ -138,16 +145,14 @@ class SpeculationPolicy:
             if spec.speculation.adaptive:
                 if len(row.generated) < spec.resume_at:
                     continue
-                if spec.balance < -DEBT:
+                if spec.balance < -debt:
                     # Not worth it now: a pause, longer each time drafts have not paid since the last one; then
                     # the row drafts again with an even balance.
                     spec.resume_at = len(row.generated) + spec.pause
                     spec.pause = min(2 * spec.pause, MAX_PAUSE)
                     spec.balance = 0.0
                     continue
-                if spec.balance > 0:
-                    spec.pause = FIRST_PAUSE
-                spec.needed = needed
+                spec.needed, spec.credit = needed, CREDIT if alone else 0.0
             held = len(row.request.prompt_ids) + len(row.generated)
             room = min(
                 spec.k,

@@ -40,16 +40,36 @@ def row(prompt: list[int], generated: list[int], max_tokens=100, stop=(), constr
     sequence = Sequence(request, 0, sampling)
     sequence.generated = list(generated)
     sequence.pending_token = generated[-1] if generated else None
+    # Matches of 3 tokens draft here (the default is 6), so that short prompts do.
+    params = {"min_ngram": 3, **params}
     sequence.speculation = RowSpeculation.start(Speculation(NGRAM, NGRAM.validate(params)))
     return sequence
 
 
 def test_lookup_proposes_what_followed_the_latest_earlier_occurrence():
     ids = np.array([1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3])
-    assert lookup(ids, 3, 4).tolist() == [7, 8, 1, 2]  # the later of the two earlier (1, 2, 3)
-    assert lookup(ids, 3, 1).tolist() == [7]
-    assert lookup(np.array([1, 2, 3, 4]), 2, 4).tolist() == []  # (3, 4) never occurred before
-    assert lookup(np.array([5, 5]), 2, 4).tolist() == []  # no room for an earlier occurrence
+    assert lookup(ids, 4, 3).tolist() == [7, 8, 1, 2]  # the later of the two earlier (1, 2, 3)
+    assert lookup(ids, 1, 3).tolist() == [7]
+    assert lookup(np.array([1, 2, 3, 4]), 4, 2).tolist() == []  # (3, 4) never occurred before
+    assert lookup(np.array([5, 5]), 4, 2).tolist() == []  # no room for an earlier occurrence
+
+
+def test_lookup_prefers_the_longest_match_then_the_latest():
+    #                 0  1  2  3   4   5  6  7  8   9  10 11 12 13 14
+    ids = np.array([4, 1, 2, 3, 40, 41, 9, 2, 3, 50, 51, 4, 1, 2, 3])
+    # (2, 3) occurred at 2 and 7; the one at 2 matches 4 tokens back (4, 1, 2, 3), the later one 2.
+    assert lookup(ids, 2, 2, 4).tolist() == [40, 41]
+    assert lookup(ids, 2, 2, 2).tolist() == [50, 51]  # counted up to 2 tokens: equals, the latest wins
+    assert lookup(ids, 2, 4, 8).tolist() == [40, 41]
+    assert lookup(ids, 2, 5, 8).tolist() == []  # no earlier match of 5 tokens
+
+
+def test_a_repeating_text_is_drafted_past_its_end():
+    # The last three ids repeat (a list that goes on and on): what followed the previous (1, 2) is 3 and
+    # then the text's end, so the draft goes on as the repetition would.
+    ids = np.array([9, 1, 2, 3, 1, 2, 3, 1, 2])
+    assert lookup(ids, 8, 2).tolist() == [3, 1, 2, 3, 1, 2, 3, 1]
+    assert lookup(np.array([5, 5, 5]), 4, 2).tolist() == [5, 5, 5, 5]
 
 
 def test_longer_tails_are_tried_first_and_shorter_than_min_ngram_never():
@@ -59,6 +79,16 @@ def test_longer_tails_are_tried_first_and_shorter_than_min_ngram_never():
     # (1, 2, 3) occurred at 5: its continuation (50, 51, ...) wins over (2, 3)'s latest elsewhere.
     assert proposer.propose([DraftRow(ids, 2, params)]) == [[50, 51]]
     assert proposer.propose([DraftRow(np.array([1, 2, 3, 9, 3]), 2, params)]) == [[]]
+
+
+def test_by_default_a_match_of_six_tokens_drafts_and_of_five_does_not():
+    proposer = NgramProposer()
+    params = proposer.validate({})
+    source = [10, 11, 12, 13, 14, 15, 16, 17]
+    five = np.array([*source, 99, 11, 12, 13, 14, 15])
+    six = np.array([*source, 99, 10, 11, 12, 13, 14, 15])
+    assert proposer.propose([DraftRow(five, 2, params)]) == [[]]
+    assert proposer.propose([DraftRow(six, 2, params)]) == [[16, 17]]
 
 
 def test_only_running_unconstrained_rows_with_nothing_queued_draft():

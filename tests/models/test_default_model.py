@@ -136,7 +136,7 @@ GROUNDED = [
         "    return [v * factor for v in values]\n",
     }
 ]
-ALWAYS_DRAFT = {"proposer": "ngram", "params": {"adaptive": False}}
+ALWAYS_DRAFT = {"proposer": "ngram", "params": {"adaptive": False, "min_ngram": 3}}
 
 
 @pytest.mark.parametrize(

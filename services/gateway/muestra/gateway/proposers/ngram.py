@@ -1,8 +1,12 @@
-"""Prompt lookup (transformers' prompt_lookup_num_tokens, vLLM's "ngram"): find the latest earlier place where
-the row's last few tokens occurred, in the prompt or the text so far, and propose what followed them there.
+"""Prompt lookup (transformers' prompt_lookup_num_tokens, vLLM's "ngram"): find the earlier place where the
+row's last tokens occurred, in the prompt or the text so far, and propose what followed them there.
 
 It costs a few vectorised comparisons per row and step, and pays where the output quotes its input:
-summaries, extraction, code edits, answers from a given context.
+summaries, extraction, code edits, answers from a given context, and text that repeats itself.
+
+A short match predicts little: on the default model, drafts after a match of 2 to 4 tokens kept 1 to 3
+tokens on average, and after 6 or more, 9 to 13 of 16 (greedy; docs/benchmarks.md). A verification costs
+about three plain steps on CPUs, so the proposer only drafts after a match of min_ngram tokens (6).
 """
 
 from __future__ import annotations
@@ -14,21 +18,40 @@ import numpy as np
 from muestra.plugin import ADAPTIVE, MAX_DRAFT_TOKENS, DraftProposer, DraftRow, Int, SamplerParamError
 
 
-def lookup(ids: np.ndarray, n: int, k: int) -> np.ndarray:
-    """The up to k ids that followed the latest earlier occurrence of ids' last n ids (empty: none)."""
-    if ids.size <= n:
+def lookup(ids: np.ndarray, k: int, min_ngram: int, max_ngram: int | None = None) -> np.ndarray:
+    """The k ids that followed the earlier occurrence of ids' last tokens with the longest match (at least
+    min_ngram tokens, counted up to max_ngram; the latest of equals), repeating the text from there where
+    it runs out; empty: no such occurrence."""
+    max_ngram = max(min_ngram, max_ngram or min_ngram)
+    size = ids.size
+    if size <= min_ngram:
         return ids[:0]
-    tail = ids[-n:]
-    # Candidate starts: every earlier window of n ids, compared position by position.
-    starts = np.flatnonzero(ids[: ids.size - n] == tail[0])
-    for offset in range(1, n):
+    tail = ids[size - min_ngram :]
+    # Candidate starts: every earlier window of min_ngram ids, compared position by position.
+    starts = np.flatnonzero(ids[: size - min_ngram] == tail[0])
+    for offset in range(1, min_ngram):
         starts = starts[ids[starts + offset] == tail[offset]]
         if not starts.size:
             return ids[:0]
     if not starts.size:
         return ids[:0]
-    begin = int(starts[-1]) + n
-    return ids[begin : begin + k]
+    # Then how far each match reaches back, up to max_ngram tokens in all.
+    matched = np.full(starts.size, min_ngram)
+    alive = np.ones(starts.size, dtype=bool)
+    for back in range(1, max_ngram - min_ngram + 1):
+        before = starts - back
+        alive &= before >= 0
+        if not alive.any():
+            break
+        alive &= ids[np.maximum(before, 0)] == ids[size - min_ngram - back]
+        matched += alive
+    begin = int(starts[np.flatnonzero(matched == matched.max())[-1]]) + min_ngram
+    found = ids[begin : begin + k]
+    if found.size < k:
+        # The continuation runs into the end, so the text's last size - begin ids repeat: the draft goes on
+        # repeating them, as an overlapping copy would (np.resize repeats an array cyclically).
+        found = np.resize(found, k)
+    return found
 
 
 class NgramProposer(DraftProposer):
@@ -36,9 +59,8 @@ class NgramProposer(DraftProposer):
     description = "Prompt lookup: proposes what followed the last few tokens where they occurred before."
     parameters = {
         "max_draft_tokens": MAX_DRAFT_TOKENS,
-        "max_ngram": Int(5, "Longest tail of tokens looked up (tried first).", ge=1, le=16),
-        # Two-token tails match common phrases of open-ended text, whose continuations are seldom the same.
-        "min_ngram": Int(3, "Shortest tail of tokens looked up.", ge=1, le=16),
+        "max_ngram": Int(16, "Longest match counted: the longest match up to it wins.", ge=1, le=64),
+        "min_ngram": Int(6, "Shortest match that drafts (tokens at the end that occurred before).", ge=1, le=64),
         "adaptive": ADAPTIVE,
     }
 
@@ -51,12 +73,6 @@ class NgramProposer(DraftProposer):
         return checked
 
     def propose(self, rows: Sequence[DraftRow]) -> list[Sequence[int]]:
-        drafts = []
-        for row in rows:
-            found = row.ids[:0]
-            for n in range(row.params["max_ngram"], row.params["min_ngram"] - 1, -1):
-                found = lookup(row.ids, n, row.max_tokens)
-                if found.size:
-                    break
-            drafts.append(found.tolist())
-        return drafts
+        return [
+            lookup(row.ids, row.max_tokens, row.params["min_ngram"], row.params["max_ngram"]).tolist() for row in rows
+        ]

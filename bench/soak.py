@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.soak --concurrency 64 --seconds 600        # the issue's run
     .venv/bin/python -m bench.soak --concurrency 32 --seconds 60 --lm-replicas 2
+    .venv/bin/python -m bench.soak --text-model models/smollm2-135m-instruct   # drafts verified (ngram)
 
 It starts redis-server, the tokenizer, the lm replica(s), the diffusion service and the gateway (gRPC and
 HTTP) with the default models, runs bench.workload at the given concurrency, then checks every gRPC
@@ -28,7 +29,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
 
-from bench.stack import DEFAULT_IMAGE_MODEL, LocalStack  # noqa: E402
+from bench.stack import DEFAULT_IMAGE_MODEL, TEXT_FIXTURE, LocalStack  # noqa: E402
 from bench.workload import Workload, check_text, summarize  # noqa: E402
 
 BAD = ("failed", "refused", "lost", "hung")
@@ -166,12 +167,23 @@ def main() -> None:
     parser.add_argument(
         "--speculation", default="ngram", help="the gateway's default draft proposer (--speculation; off: none)"
     )
+    parser.add_argument("--speculation-params", default="", help="its params, a JSON object (--speculation-params)")
+    parser.add_argument(
+        "--text-model",
+        type=Path,
+        default=TEXT_FIXTURE,
+        help="the text model folder (default: the tests' fixture, which quantizes activations to int8 and so "
+        "verifies no drafts; models/smollm2-135m-instruct does)",
+    )
     args = parser.parse_args()
     os.environ["MUESTRA_GATEWAY_SPECULATION"] = args.speculation  # the stack's processes inherit it
+    os.environ["MUESTRA_GATEWAY_SPECULATION_PARAMS"] = args.speculation_params
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="muestra-soak-"))
     print(f"logs in {log_dir}", flush=True)
     image_model = None if args.no_images else DEFAULT_IMAGE_MODEL
-    stack = LocalStack(log_dir, lm_replicas=args.lm_replicas, image_model=image_model, metrics=True)
+    stack = LocalStack(
+        log_dir, lm_replicas=args.lm_replicas, text_model=args.text_model, image_model=image_model, metrics=True
+    )
     try:
         report, rss = asyncio.run(soak(stack, args))
         report["speculation"] = speculation_counts(stack)

@@ -1,14 +1,15 @@
 """Speculative decoding on the default model: tokens/s with and without drafts, in one run, and llama.cpp's
 llama-lookup on the same GGUF file and prompts beside it.
 
-    .venv/bin/python bench/speculative.py [--tokens 128] [--rounds 2] [--json out.json]
+    .venv/bin/python bench/speculative.py [--tokens 128] [--rounds 4] [--json out.json]
     .venv/bin/python bench/speculative.py --draft-model [--streams 1]   # draft_model instead of ngram
 
 Prompts: input-grounded ones (summarise a given passage, extract fields as JSON, rewrite a given code
 snippet, answer from a given context; the passages are CPython's own documentation and sources, so nothing
 is downloaded) and open-ended chat. Each runs greedy and sampled (temperature 0.7, the model card's top-p
 0.9), at 1 stream (one request after another) and at 8 streams (8 at once), with the gateway's ngram
-proposer ("ngram") and without ("off"); rounds interleave the two so that the machine's drift hits both.
+proposer ("ngram") and without ("off"). The machine's drift should hit both alike: at 1 stream each prompt
+runs in both modes back to back, and each mode goes first in every other round.
 Every speculative output is compared with its twin (same prompt, seed and sampler chain, no drafts).
 
 Figures: decode tokens/s (completion tokens after the first, over the time after the first token; prefill is
@@ -171,39 +172,49 @@ def f32_target() -> Path:
     return out
 
 
-def run_set(stack: Stack, texts: list[str], streams: int, tokens: int, sampled: bool, speculation) -> dict:
-    """Every text once (1 stream: one after another), or `streams` at once (the texts, repeated with other
-    seeds to fill them); decode tokens/s over the set."""
+def run_round(stack: Stack, texts: list[str], streams: int, tokens: int, sampled: bool, modes: dict) -> dict:
+    """One round of every mode (name -> speculation) over the texts, the modes in the given order; per mode,
+    decode tokens/s over the set.
+
+    1 stream: each text runs in every mode back to back (one request after another), so that the machine's
+    drift hits the modes alike. `streams` > 1: the texts (repeated with other seeds to fill the streams) all
+    at once, one mode after the other; the rate is then all tokens over the wall time, prefill included (the
+    same work in every mode)."""
     jobs = [(texts[i % len(texts)], 100 + i) for i in range(max(streams, len(texts)))]
-    results: list[dict | None] = [None] * len(jobs)
-    started = time.perf_counter()
+    results: dict[str, list] = {name: [None] * len(jobs) for name in modes}
+    walls: dict[str, float] = {}
     if streams == 1:
         for i, (text, seed) in enumerate(jobs):
-            results[i] = stack.generate(text, tokens, seed, sampled, speculation)
+            for name, speculation in modes.items():
+                results[name][i] = stack.generate(text, tokens, seed, sampled, speculation)
     else:
+        for name, speculation in modes.items():
 
-        def work(i: int) -> None:
-            text, seed = jobs[i]
-            results[i] = stack.generate(text, tokens, seed, sampled, speculation)
+            def work(i: int, name=name, speculation=speculation) -> None:
+                text, seed = jobs[i]
+                results[name][i] = stack.generate(text, tokens, seed, sampled, speculation)
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    wall = time.perf_counter() - started
-    after_first = sum(r["tokens"] - 1 for r in results)
-    if streams == 1:
-        rate = after_first / sum(r["decode_s"] for r in results)
-    else:  # throughput of the whole set, prefill included (the same work in both modes)
-        rate = sum(r["tokens"] for r in results) / wall
-    return {
-        "tokens_per_s": rate,
-        "ids": [r["ids"] for r in results],
-        "drafted": sum(r["drafted"] for r in results),
-        "accepted": sum(r["accepted"] for r in results),
-        "tokens": sum(r["tokens"] for r in results),
-    }
+            started = time.perf_counter()
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            walls[name] = time.perf_counter() - started
+    out = {}
+    for name, runs in results.items():
+        if streams == 1:
+            rate = sum(r["tokens"] - 1 for r in runs) / sum(r["decode_s"] for r in runs)
+        else:
+            rate = sum(r["tokens"] for r in runs) / walls[name]
+        out[name] = {
+            "tokens_per_s": rate,
+            "ids": [r["ids"] for r in runs],
+            "drafted": sum(r["drafted"] for r in runs),
+            "accepted": sum(r["accepted"] for r in runs),
+            "tokens": sum(r["tokens"] for r in runs),
+        }
+    return out
 
 
 def llama_lookup(binaries: Path, gguf: Path, text: str, tokens: int, sampled: bool, threads: int) -> dict:
@@ -267,7 +278,7 @@ def cpu_name() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128, help="max tokens per completion")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of off and ngram")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of off and ngram, each first in every other")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime and llama.cpp threads (0: all cores)")
     parser.add_argument("--no-llama-cpp", action="store_true")
@@ -289,16 +300,24 @@ def main() -> None:
     stack = Stack(log_dir, args.threads, f32_target() if args.draft_model else None)
     rows = []
     try:
+        # A warm-up, not measured: the first requests of a fresh stack are slower in either mode.
+        run_round(stack, sets["grounded"], 1, 32, False, {"off": "off", mode: proposer})
         for streams in args.streams:
             for kind, texts in sets.items():
                 for sampled in (False, True):
                     rates: dict[str, list[float]] = {"off": [], mode: []}
                     outputs: dict[str, list] = {}
                     drafted = accepted = tokens = 0
-                    for _ in range(args.rounds):
-                        for name, speculation in (("off", "off"), (mode, proposer)):
-                            result = run_set(stack, texts, streams, args.tokens, sampled, speculation)
+                    for index in range(args.rounds):
+                        # Each mode goes first in every other round: neither gains from the order.
+                        modes = {"off": "off", mode: proposer}
+                        order = list(modes) if index % 2 == 0 else list(modes)[::-1]
+                        results = run_round(
+                            stack, texts, streams, args.tokens, sampled, {name: modes[name] for name in order}
+                        )
+                        for name, result in results.items():
                             rates[name].append(result["tokens_per_s"])
+                            # Rounds repeat the seeds: outputs are compared per round, in the same job order.
                             outputs.setdefault(name, []).extend(result["ids"])
                             if name == mode:
                                 drafted += result["drafted"]

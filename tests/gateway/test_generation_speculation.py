@@ -13,6 +13,7 @@ from muestra.gateway.generation.speculation import (
     CREDIT,
     DEBT,
     FIRST_PAUSE,
+    PROBE_EVERY,
     START_DRAFT,
     RowSpeculation,
     SpeculationPolicy,
@@ -229,3 +230,26 @@ def test_a_proposer_is_told_when_its_rows_stop_asking():
     assert idle == [policy]
     draft(policy, [asking], 16, 1000)
     assert idle == [policy]  # once
+
+
+def test_in_a_batch_rows_draft_while_verifications_keep_what_they_need_and_else_probe_now_and_then():
+    policy = SpeculationPolicy("m", 1000)
+    policy.timed(0.010, 1, 1, 0)
+    policy.timed(0.040, 1, 1, 1)  # a drafting row costs 3 plain steps
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    rows = [row(prompt, [4]) for _ in range(3)]
+    policy.verified(1)  # verifications have kept 1 draft, fewer than the 3 they need
+    for _ in range(PROBE_EVERY - 1):
+        assert draft(policy, rows, 16, 1000) == 0
+    assert draft(policy, rows, 16, 1000) == 1  # a probe: one row drafts
+    assert draft(policy, rows, 16, 1000) == 0  # and the count starts again
+    # Alone, a row drafts by its own balance whatever the batches' verifications keep.
+    assert draft(policy, [row(prompt, [4])], 16, 1000) == 1
+    for _ in range(8):
+        policy.verified(8)  # verifications keep 8 now
+    assert draft(policy, rows, 16, 1000) == 3
+    # Rows that are not adaptive draft at every step in any case.
+    policy.verified(0)
+    policy.kept = 0.0
+    fixed = [row(prompt, [4], adaptive=False) for _ in range(2)]
+    assert draft(policy, fixed, 16, 1000) == 2

@@ -78,11 +78,13 @@ class OutputProcessor:
                 row.sampling.context.append(token)
                 self.take_token(row, token, now)
 
-    def accept_verified(self, rows: list[Row], outputs, logits: np.ndarray | None) -> None:
+    def accept_verified(self, rows: list[Row], outputs, logits: np.ndarray | None) -> list[int]:
         """Take the tokens of the rows whose drafts this step verified (speculation.py): a greedy row's accepted
         drafts and the argmax after them (the lm compared them), or, for a sampled row, what its chain picks at
-        each position in order while that is the draft, then the chain's own token."""
+        each position in order while that is the draft, then the chain's own token. How many drafts each
+        verification kept."""
         now = time.monotonic()
+        kept = []
         for row, out in zip(rows, outputs, strict=True):
             if not isinstance(row, Sequence):
                 continue
@@ -103,6 +105,8 @@ class OutputProcessor:
                 accepted = self._judge(row, drafts, logits, out.logits_row, now)
                 row.rollback = len(drafts) - accepted
             count(row, len(drafts), accepted, self.model.name)
+            kept.append(accepted)
+        return kept
 
     def _judge(self, row: Sequence, drafts: list[int], logits: np.ndarray, first: int, now: float) -> int:
         """Run the row's chain on the verified positions in order; how many drafts it picked before its first

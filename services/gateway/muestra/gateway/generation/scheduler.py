@@ -320,7 +320,8 @@ class ReplicaScheduler:
         await self._accept(
             self.batch.rows, logits, [r.logits_row for r in output.rows], [r.argmax for r in output.rows]
         )
-        self.outputs.accept_verified(self.batch.rows, output.rows, logits)
+        for kept in self.outputs.accept_verified(self.batch.rows, output.rows, logits):
+            self.speculation.verified(kept)
         return [row for row in self.batch.rows if isinstance(row, Sequence)]
 
     async def _accept(self, rows: list[Row], logits, index: list[int], argmax: list[int]) -> None:

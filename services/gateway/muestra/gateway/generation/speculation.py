@@ -44,6 +44,11 @@ WEIGHT = 0.3
 # costs a forward of its own (docs/speculative.md), and a row pauses after any verification that did not pay.
 CREDIT = 4.0
 DEBT = 3.0
+# In a batch of several rows a drafting row's own forward costs about a step of the whole batch, so a
+# verification pays only when it keeps about as many tokens as the batch has rows. Rows there draft only
+# while this replica's verifications keep that many on average (a running mean, alone or in batches);
+# otherwise one row probes every PROBE_EVERY steps, so that the mean follows the traffic.
+PROBE_EVERY = 64
 # Tokens a row generates without drafts once drafting stopped paying, first and at most (each pause in a
 # row doubles it; a verification that pays resets it).
 FIRST_PAUSE = 32
@@ -108,6 +113,14 @@ class SpeculationPolicy:
         self.extra_s: float | None = None
         # The proposers asked at the last step (by id), told when none of their rows asks any more.
         self._asked: dict[int, object] = {}
+        # Running mean of the drafts a verification kept (None: none yet), and batch steps since rows in a
+        # batch last drafted while it was below what they need.
+        self.kept: float | None = None
+        self._unprobed_steps = 0
+
+    def verified(self, kept: int) -> None:
+        """A verification kept `kept` drafts."""
+        self.kept = kept if self.kept is None else self.kept + WEIGHT * (kept - self.kept)
 
     def timed(self, step_s: float, steps: int, rows: int, drafted_rows: int) -> None:
         """A scheduler step of `steps` lm steps (a greedy burst) over `rows` rows took step_s; drafted_rows of them
@@ -136,6 +149,15 @@ class SpeculationPolicy:
         needed = self.needed()
         alone = sum(isinstance(row, Sequence) for row in rows) == 1
         debt = DEBT if alone else 0.0
+        # In a batch, while verifications keep fewer drafts than they need, an adaptive row drafts only as a
+        # probe now and then.
+        probes = len(rows)
+        if not alone and self.kept is not None and self.kept < needed:
+            self._unprobed_steps += 1
+            probes = 1 if self._unprobed_steps >= PROBE_EVERY else 0
+            # Each probe starts at another row, so that one row whose text has no match does not stop them.
+            turn = self._unprobed_steps % len(rows)
+            rows = rows[turn:] + rows[:turn]
         for row in rows:
             if isinstance(row, Sequence):
                 row.drafts = []
@@ -143,6 +165,8 @@ class SpeculationPolicy:
                 continue
             spec = row.speculation
             if spec.speculation.adaptive:
+                if probes == 0:
+                    continue
                 if len(row.generated) < spec.resume_at:
                     continue
                 if spec.balance < -debt:
@@ -166,6 +190,7 @@ class SpeculationPolicy:
             asking.setdefault(id(spec.speculation.proposer), (spec.speculation.proposer, []))[1].append(
                 (row, DraftRow(ids, room, spec.speculation.params, spec.state, self))
             )
+            probes -= spec.speculation.adaptive
         for key, proposer in self._asked.items():
             if key not in asking:
                 try:
@@ -181,6 +206,8 @@ class SpeculationPolicy:
                 if tokens:
                     row.drafts = tokens
                     drafted += 1
+        if drafted:
+            self._unprobed_steps = 0
         return drafted
 
 

@@ -4,6 +4,7 @@ and the ngram proposer's lookups. Through the real stack: tests/gateway/test_spe
 from __future__ import annotations
 
 import asyncio
+import itertools
 import types
 
 import numpy as np
@@ -14,12 +15,13 @@ from muestra.gateway.generation.speculation import (
     DEBT,
     FIRST_PAUSE,
     PROBE_EVERY,
+    QUIET_BURST,
     START_DRAFT,
     RowSpeculation,
     SpeculationPolicy,
     eligible,
 )
-from muestra.gateway.proposers.ngram import NgramProposer, lookup
+from muestra.gateway.proposers.ngram import NgramProposer, lookup, quiet_tokens
 from muestra.gateway.proposers.registry import Speculation
 from muestra.plugin import DraftRow, RowContext
 from muestra.v1 import lm_pb2
@@ -92,6 +94,54 @@ def test_by_default_a_match_of_six_tokens_drafts_and_of_five_does_not():
     assert proposer.propose([DraftRow(six, 2, params)]) == [[16, 17]]
 
 
+def test_quiet_tokens_is_the_fewest_tokens_before_a_match_of_min_ngram_can_occur():
+    ids = np.array([1, 2, 3, 4, 9, 1, 2, 3])  # "1 2 3" occurred before; "4 1 2 3" did not
+    assert lookup(ids, 4, 4).size == 0
+    assert quiet_tokens(ids, 4) == 1  # a 4 next makes "1 2 3 4"
+    assert lookup(np.append(ids, 4), 4, 4).tolist() == [9, 1, 2, 3]
+    assert quiet_tokens(ids, 6) == 3
+    assert quiet_tokens(np.array([5, 6, 7, 8]), 6) == 6  # its last token never occurred before
+    assert quiet_tokens(np.array([7]), 3) == 3
+    # Against every continuation of a small vocabulary: no shorter one drafts, and one of that length does.
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        ids, min_ngram = rng.integers(0, 3, int(rng.integers(1, 30))), int(rng.integers(1, 5))
+        if lookup(ids, 4, min_ngram).size:
+            continue
+        quiet = quiet_tokens(ids, min_ngram)
+        drafts_after = {
+            len(tail)
+            for t in range(1, quiet + 1)
+            for tail in itertools.product(range(4), repeat=t)
+            if lookup(np.concatenate([ids, tail]), 4, min_ngram).size
+        }
+        assert min(drafts_after) == quiet
+
+
+def test_after_a_step_without_drafts_the_policy_says_when_a_draft_could_begin():
+    policy = SpeculationPolicy("m", 1000)
+    near = row([1, 2, 3, 4, 9, 1], [2, 3], min_ngram=4)  # a 4 next drafts
+    assert draft(policy, [near], 16, 1000) == 0 and policy.quiet == 1
+    far = row([1, 2, 3, 4, 9], [7, 8], min_ngram=4)  # 8 never occurred before: 4 tokens at least
+    assert draft(policy, [far], 16, 1000) == 0 and policy.quiet is None  # beyond QUIET_BURST: bursts run on
+    assert QUIET_BURST < 4
+    assert draft(policy, [near, far], 16, 1000) == 0 and policy.quiet == 1
+    near.speculation.resume_at = len(near.generated) + 2  # paused for 2 more tokens
+    assert draft(policy, [near], 16, 1000) == 0 and policy.quiet == 2
+    drafting = row([1, 2, 3, 1, 2], [3])
+    assert draft(policy, [drafting], 16, 1000) == 1 and policy.quiet is None
+
+    class Unsure(NgramProposer):
+        name = "unsure"
+
+        def quiet(self, row):
+            raise RuntimeError("cannot tell")
+
+    unsure = row([1, 2, 3, 4, 9, 1], [2, 3], min_ngram=4)
+    unsure.speculation = RowSpeculation.start(Speculation(Unsure(), Unsure().validate({"min_ngram": 4})))
+    assert draft(policy, [unsure], 16, 1000) == 0 and policy.quiet is None
+
+
 def test_only_running_unconstrained_rows_with_nothing_queued_draft():
     prompt = [1, 2, 3, 4, 5, 6, 1, 2, 3]
     assert eligible(row(prompt, [4]))
@@ -117,14 +167,14 @@ def test_draft_length_grows_while_all_are_accepted_and_falls_back_after_a_reject
     spec = row([1], [2]).speculation
     assert spec.k == START_DRAFT
     spec.verified(8, 8)
-    assert spec.k == 12
-    spec.verified(12, 12)
     assert spec.k == 16
     spec.verified(16, 16)
     assert spec.k == 16  # max_draft_tokens
     spec.verified(16, 3)
     assert spec.k == START_DRAFT
-    assert (spec.draft_tokens, spec.accepted_tokens) == (52, 39)
+    spec.verified(8, 7)
+    assert spec.k == START_DRAFT
+    assert (spec.draft_tokens, spec.accepted_tokens) == (48, 34)
 
 
 def test_drafting_pauses_where_it_does_not_pay_and_probes_again_later():

@@ -9,9 +9,11 @@ import threading
 import urllib.request
 
 import grpc
+import numpy as np
 import pytest
 
 from muestra.client import Client
+from muestra.gateway.proposers.ngram import lookup
 from tests.harness import free_port
 
 # Draft at every step, from any earlier occurrence of the last token: the tiny random models accept few of
@@ -180,6 +182,34 @@ def test_rows_with_and_without_drafts_in_one_batch_equal_their_runs_alone(stack)
     )
     assert drafts > 0
     assert after["muestra_spec_decode_num_drafts_total"] > before.get("muestra_spec_decode_num_drafts_total", 0)
+
+
+def test_a_greedy_row_drafts_wherever_a_match_begins_even_amid_greedy_bursts(stack):
+    """Where no draft is possible a greedy row takes the lm's own steps in bursts; a burst ends where a match of
+    min_ngram tokens could begin, so the row drafts at every token where the lookup has a match, exactly as a
+    row stepping one token at a time would."""
+    gateway, _ = stack
+    params = {"adaptive": False, "min_ngram": 2, "max_ngram": 2, "max_draft_tokens": 6}
+    prompt, max_tokens = "q r s t u v w x y z", 64
+    job = {"samplers": CHAINS["greedy"], "max_tokens": max_tokens, "ignore_eos": True}
+    with Client(gateway.gateway.address, timeout=120) as c:
+        plain = c.generate(prompt, speculation="off", **job).wait()
+        spec = c.generate(prompt, speculation={"proposer": "ngram", "params": params}, **job).wait()
+        prompt_ids = list(c.tokenize(prompt).ids)
+    same(spec, plain)
+    tokens = plain.token_ids[0]
+    # The verifications of a row that asks for drafts before every token: tokens[i] is its pending token.
+    drafted = accepted = i = 0
+    while i < len(tokens) - 1:
+        room = min(params["max_draft_tokens"], max_tokens - (i + 1) - 1)
+        ids = np.asarray(prompt_ids + tokens[: i + 1], dtype=np.int64)
+        draft = lookup(ids, room, params["min_ngram"], params["max_ngram"]).tolist() if room >= 1 else []
+        following = tokens[i + 1 : i + 1 + len(draft)]
+        kept = next((n for n, (d, t) in enumerate(zip(draft, following, strict=False)) if d != t), len(following))
+        drafted, accepted, i = drafted + len(draft), accepted + kept, i + kept + 1
+    assert drafted > 0 and accepted < drafted  # the text has matches, some of them wrong
+    done = spec.completions[0]
+    assert (done.draft_tokens, done.accepted_draft_tokens) == (drafted, accepted)
 
 
 def test_stop_strings_end_a_drafted_step_at_the_token_that_completed_them(stack):

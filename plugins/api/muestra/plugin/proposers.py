@@ -83,6 +83,13 @@ class DraftProposer:
         a coroutine (`async def propose`)."""
         raise NotImplementedError
 
+    def quiet(self, row: DraftRow) -> int | None:
+        """Asked after `propose` gave `row` no draft: the fewest tokens the row must take before this proposer
+        could draft for it, if it can tell (None: at any step). A greedy row's next tokens may then come from
+        the lm in one burst of that many steps, without drafts; None leaves the burst as long as it would be
+        without speculation. A bound too high only delays drafts; it never changes the text."""
+        return None
+
     def idle(self, group: object) -> None:
         """The step loop `group`, which asked for drafts before, has no row asking now (its rows finished or
         paused): a proposer may free what it holds for that loop. It may ask again later."""

@@ -295,6 +295,8 @@ class ReplicaScheduler:
             drafted = await self.speculation.draft(every, self.replica.max_draft_tokens, self.model.context_length)
         # Rows with drafts take several tokens in one step already: no greedy burst then.
         steps = 1 if drafted else self.policy.burst(every, self.replica.max_greedy_steps, joinable)
+        if steps > 1 and self.speculation.quiet is not None:
+            steps = min(steps, self.speculation.quiet)  # the burst ends where a draft could begin
         request = lm_pb2.DecodeRequest(
             batches=self.batch.decode_batches(masked, tokens), tokens_per_row=tokens if tokens > 1 else 0
         )

@@ -57,7 +57,11 @@ MAX_PAUSE = 512
 # draft is accepted, up to the request's max_draft_tokens. Never shorter: on CPUs a step of two tokens
 # already costs most of what a step of nine does (docs/speculative.md), so short drafts do not pay.
 START_DRAFT = 8
-GROWTH = 4
+GROWTH = 8
+# A greedy burst (the lm's own steps, no drafts) ends where a row could draft again, when that is at most this
+# many tokens away: further away, drafts rarely begin soon, and short bursts cost a round trip per step
+# (measured in docs/benchmarks.md, session 10).
+QUIET_BURST = 2
 
 
 @dataclasses.dataclass
@@ -117,6 +121,9 @@ class SpeculationPolicy:
         # batch last drafted while it was below what they need.
         self.kept: float | None = None
         self._unprobed_steps = 0
+        # After a step without drafts: the fewest tokens before one of the rows asked could draft, where that is
+        # at most QUIET_BURST (None otherwise); the scheduler ends a greedy burst there.
+        self.quiet: int | None = None
 
     def verified(self, kept: int) -> None:
         """A verification kept `kept` drafts."""
@@ -146,6 +153,7 @@ class SpeculationPolicy:
     async def draft(self, rows: list, max_draft_tokens: int, context_length: int) -> int:
         """Give each eligible row of the next Decode its drafts (Sequence.drafts); how many rows got some."""
         asking: dict[int, tuple] = {}
+        quiet: list[int | None] = []
         needed = self.needed()
         alone = sum(isinstance(row, Sequence) for row in rows) == 1
         debt = DEBT if alone else 0.0
@@ -168,6 +176,7 @@ class SpeculationPolicy:
                 if probes == 0:
                     continue
                 if len(row.generated) < spec.resume_at:
+                    quiet.append(spec.resume_at - len(row.generated))
                     continue
                 if spec.balance < -debt:
                     # Not worth it now: a pause, longer each time drafts have not paid since the last one; then
@@ -175,6 +184,7 @@ class SpeculationPolicy:
                     spec.resume_at = len(row.generated) + spec.pause
                     spec.pause = min(2 * spec.pause, MAX_PAUSE)
                     spec.balance = 0.0
+                    quiet.append(spec.resume_at - len(row.generated))
                     continue
                 spec.needed, spec.credit = needed, CREDIT if alone else 0.0
             held = len(row.request.prompt_ids) + len(row.generated)
@@ -206,8 +216,12 @@ class SpeculationPolicy:
                 if tokens:
                     row.drafts = tokens
                     drafted += 1
+                else:
+                    quiet.append(_quiet(proposer, draft))
         if drafted:
             self._unprobed_steps = 0
+        soonest = min((q for q in quiet if q is not None), default=None)
+        self.quiet = soonest if soonest is not None and soonest <= QUIET_BURST else None
         return drafted
 
 
@@ -224,6 +238,16 @@ async def _proposals(proposer, rows: list[DraftRow]) -> list:
     except Exception:
         log.exception("proposer %s failed; its rows step without drafts this time", proposer.name)
         return [()] * len(rows)
+
+
+def _quiet(proposer, row: DraftRow) -> int | None:
+    """The proposer's bound on the tokens the row takes before it could draft for it (None: none, or it failed)."""
+    try:
+        quiet = proposer.quiet(row)
+        return None if quiet is None else max(1, int(quiet))
+    except Exception:
+        log.exception("proposer %s failed to bound its next draft", proposer.name)
+        return None
 
 
 def eligible(row) -> bool:

@@ -54,6 +54,22 @@ def lookup(ids: np.ndarray, k: int, min_ngram: int, max_ngram: int | None = None
     return found
 
 
+def quiet_tokens(ids: np.ndarray, min_ngram: int) -> int:
+    """For ids whose last min_ngram tokens did not occur earlier: the fewest tokens to come before they can.
+
+    A match of min_ngram tokens t tokens from now would begin with the last min_ngram - t tokens of ids, so
+    those must already occur earlier: t is at least min_ngram less the longest such tail now."""
+    size = ids.size
+    # Ends of the earlier occurrences of ids' last `length` + 1 tokens, for growing lengths.
+    ends = np.flatnonzero(ids[: size - 1] == ids[-1]) if size > 1 else ids[:0]
+    length = 0
+    while ends.size and length + 1 < min_ngram:
+        length += 1
+        ends = ends[ends >= length]
+        ends = ends[ids[ends - length] == ids[size - 1 - length]]
+    return max(1, min_ngram - length)
+
+
 class NgramProposer(DraftProposer):
     name = "ngram"
     description = "Prompt lookup: proposes what followed the last few tokens where they occurred before."
@@ -76,3 +92,6 @@ class NgramProposer(DraftProposer):
         return [
             lookup(row.ids, row.max_tokens, row.params["min_ngram"], row.params["max_ngram"]).tolist() for row in rows
         ]
+
+    def quiet(self, row: DraftRow) -> int:
+        return quiet_tokens(row.ids, row.params["min_ngram"])

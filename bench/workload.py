@@ -3,7 +3,9 @@
 Each worker loops until the run's end: it draws a request (gRPC or HTTP, streamed or not, n 1-4,
 samplers, beam search, logprobs, stop strings, prompts that share cached prefixes, a cancellation
 mid-stream, an image, or a replay of an earlier seeded request on another surface), sends it, and
-records what came back with its timings. A stream that makes no progress for `hang_s` is hung.
+records what came back with its timings. A stream that makes no progress for `hang_s` is hung. A reply that
+comes whole (non-streamed HTTP, and a gRPC beam search, whose beams come when the search ends) may take
+2 x hang_s: its silence holds its time in the queue and its whole decode.
 
 After the run, `check_text` compares every gRPC completion's text with the tokenizer's decode of its
 token ids (with its stop strings applied), and replays are compared with their originals.
@@ -355,7 +357,8 @@ class Workload:
             else:
                 await self._http(spec, outcome)
         except asyncio.TimeoutError:
-            outcome.status, outcome.error = "hung", f"no progress for {self.hang_s:.0f} s"
+            silent = self.hang_s * 2 if surface == "http" or (spec.beam and not outcome.ids) else self.hang_s
+            outcome.status, outcome.error = "hung", f"no progress for {silent:.0f} s"
         except grpc.aio.AioRpcError as exc:
             outcome.code = exc.code().name
             outcome.error = exc.details() or ""
@@ -380,7 +383,9 @@ class Workload:
         messages = 0
         try:
             while True:
-                message = await asyncio.wait_for(call.read(), self.hang_s)
+                # A beam search sends its beams when it ends: until then it is as silent as a non-streamed reply.
+                limit = self.hang_s * 2 if spec.beam and messages == 0 else self.hang_s
+                message = await asyncio.wait_for(call.read(), limit)
                 if message is grpc.aio.EOF:
                     break
                 messages += 1

@@ -95,6 +95,17 @@ def chat_prompts() -> dict[str, str]:
     }
 
 
+def prompt_sets() -> dict[str, list[str]]:
+    """The bench's texts per set, as the model's chat template gives them to Generate."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    return {
+        "grounded": [chat_text(tokenizer, p) for p in grounded_prompts().values()],
+        "chat": [chat_text(tokenizer, p) for p in chat_prompts().values()],
+    }
+
+
 def chat_text(tokenizer, prompt: str) -> str:
     """The prompt as the model's chat template renders one user turn (the text both engines get)."""
     return tokenizer.apply_chat_template(
@@ -287,13 +298,7 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(MODEL)
-    sets = {
-        "grounded": [chat_text(tokenizer, p) for p in grounded_prompts().values()],
-        "chat": [chat_text(tokenizer, p) for p in chat_prompts().values()],
-    }
+    sets = prompt_sets()
     threads = args.threads or os.cpu_count() or 1
     log_dir = Path(tempfile.mkdtemp(prefix="bench-speculative-"))
     mode, proposer = ("draft_model", DRAFT_MODEL) if args.draft_model else ("ngram", PROPOSER)

@@ -28,7 +28,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 
-from bench.speculative import MODEL, PROPOSER, Stack, chat_prompts, chat_text, cpu_name, grounded_prompts  # noqa: E402
+from bench.speculative import PROPOSER, Stack, cpu_name, prompt_sets  # noqa: E402
 from muestra.client.types import build_tokenize_request  # noqa: E402
 
 
@@ -51,13 +51,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(MODEL)
-    sets = {
-        "grounded": [chat_text(tokenizer, p) for p in grounded_prompts().values()],
-        "chat": [chat_text(tokenizer, p) for p in chat_prompts().values()],
-    }
+    sets = prompt_sets()
     work = Path(tempfile.mkdtemp(prefix="bench-speculative-bounds-"))
     # The answers: per sampling mode, every text's prompt ids followed by its output without drafts.
     answers: list[list[list[int]]] = [[], []]

@@ -2,9 +2,11 @@
 llama-cpp-python sdist, the bench's transformers folder converted with llama.cpp's own converter,
 quantized with llama-quantize, timed with llama-bench and llama-batched-bench. For a GGUF file given
 as it is (bench/decode.py --gguf, bench/text_quality.py --gguf): llama-quantize makes its other
-types, llama-tokenize gives the ids llama-perplexity scores, llama-perplexity scores them.
+types, llama-tokenize gives the ids llama-perplexity scores, llama-perplexity scores them. server_binary()
+builds llama-server too, for bench/conversations.py (no web UI: nothing but the sdist is downloaded).
 
     .venv/bin/python -m bench.llama_cpp --model llama-100m     # build (minutes, cached), convert, time
+    .venv/bin/python -c "from bench.llama_cpp import server_binary; print(server_binary())"
 
 Nothing here runs in CI (the build compiles for minutes); tests/bench/test_llama_cpp_parsing.py
 checks the parsing of the tools' output on captured samples. The build is cached under
@@ -29,6 +31,7 @@ CACHE = Path(os.environ.get("MUESTRA_LLAMA_CPP_CACHE", Path.home() / ".cache" / 
 # The sdist whose vendor/llama.cpp is built; pinned so that a figure names the llama.cpp it measured.
 SDIST = "llama-cpp-python==0.3.36"
 TOOLS = ("llama-bench", "llama-quantize", "llama-batched-bench", "llama-perplexity", "llama-tokenize")
+SERVER = "llama-server"
 QUANTS = ("Q8_0", "Q4_0")
 
 
@@ -51,18 +54,26 @@ def source_dir() -> Path:
     return source
 
 
-def build() -> Path:
-    """The folder holding TOOLS (CPU, native ISA)."""
+def build(targets: tuple[str, ...] = TOOLS) -> Path:
+    """The folder holding `targets` (CPU, native ISA), each built once."""
     source = source_dir()
     binaries = source / "build" / "bin"
-    if all((binaries / tool).is_file() for tool in TOOLS):
+    if all((binaries / target).is_file() for target in targets):
         return binaries
+    # The server is configured in (it only adds a target) so that building it later keeps TOOLS' build.
+    # Its web UI stays out: the prebuilt one would be downloaded from Hugging Face, the other needs npm.
     configure = ["cmake", "-S", str(source), "-B", str(source / "build"), "-DCMAKE_BUILD_TYPE=Release"]
-    configure += ["-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
+    configure += ["-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON"]
+    configure += ["-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"]
     subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
     jobs = str(os.cpu_count() or 2)
-    subprocess.run(["cmake", "--build", str(source / "build"), "-j", jobs, "--target", *TOOLS], check=True)
+    subprocess.run(["cmake", "--build", str(source / "build"), "-j", jobs, "--target", *targets], check=True)
     return binaries
+
+
+def server_binary() -> Path:
+    """llama-server (the OpenAI HTTP API over llama.cpp), built beside TOOLS if missing."""
+    return build((*TOOLS, SERVER)) / SERVER
 
 
 def llama_tokenizer(out: Path, vocab_size: int) -> None:

@@ -73,8 +73,9 @@ def test_a_request_that_disables_the_cache_neither_reads_nor_writes_it(stack, re
     assert len(keys) >= 3 and redis_client.exists(*keys) == 0
 
 
-def test_without_redis_each_lm_keeps_blocks_in_process(text_stack, tiny_lm):
-    """The embedded default: the lm's in-process LRU serves the hits; outputs are unchanged."""
+def test_without_redis_each_lm_serves_hits_from_its_memory(text_stack, tiny_lm):
+    """The embedded default: the lm's hot tier (and its in-process block store behind it) serves the hits, to
+    the prompt's last token but one; outputs are unchanged."""
     stack = text_stack("llama", "--prefix-cache-block-size", str(BLOCK))
     prompt = "In process. " + PROMPT
     prompt_ids, expected = _greedy_reference(tiny_lm, prompt, 12)
@@ -90,5 +91,5 @@ def test_without_redis_each_lm_keeps_blocks_in_process(text_stack, tiny_lm):
     wait_until(hit, what="an in-process hit")
     ids, cached = hits[-1]
     assert ids == expected
-    assert cached == (len(prompt_ids) - 1) // BLOCK * BLOCK
+    assert cached == len(prompt_ids) - 1  # the hot tier's reuse is not cut to blocks
     assert "in-process LRU" in stack.lm.log_path.read_text()

@@ -48,7 +48,7 @@ class SpeculationSpec(_message.Message):
     def __init__(self, proposer: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "stop_token_ids", "seed", "n", "samplers", "logprobs", "top_logprobs", "ignore_eos", "add_special_tokens", "timeout_ms", "disable_prefix_cache", "include_stop_str_in_output", "constraint", "tools_json", "allow_special_tokens", "speculation")
+    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "stop_token_ids", "seed", "n", "samplers", "logprobs", "top_logprobs", "ignore_eos", "add_special_tokens", "timeout_ms", "disable_prefix_cache", "include_stop_str_in_output", "constraint", "tools_json", "allow_special_tokens", "speculation", "prompt_cache_key")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class GenerateRequest(_message.Message):
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _common_pb2.ChatMessages
@@ -89,7 +90,8 @@ class GenerateRequest(_message.Message):
     tools_json: str
     allow_special_tokens: bool
     speculation: SpeculationSpec
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSpec, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., disable_prefix_cache: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., constraint: _Optional[_Union[ConstraintSpec, _Mapping]] = ..., tools_json: _Optional[str] = ..., allow_special_tokens: _Optional[bool] = ..., speculation: _Optional[_Union[SpeculationSpec, _Mapping]] = ...) -> None: ...
+    prompt_cache_key: str
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[_common_pb2.ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSpec, _Mapping]]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., disable_prefix_cache: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., constraint: _Optional[_Union[ConstraintSpec, _Mapping]] = ..., tools_json: _Optional[str] = ..., allow_special_tokens: _Optional[bool] = ..., speculation: _Optional[_Union[SpeculationSpec, _Mapping]] = ..., prompt_cache_key: _Optional[str] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "token", "logprob")

@@ -128,7 +128,7 @@ class BatchOutput(_message.Message):
     def __init__(self, logits: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowOutput, _Mapping]]] = ...) -> None: ...
 
 class RowOutput(_message.Message):
-    __slots__ = ("logits_row", "argmax", "top_ids", "top_logits", "logsumexp", "cached_tokens", "greedy_ids", "positions", "accepted_drafts")
+    __slots__ = ("logits_row", "argmax", "top_ids", "top_logits", "logsumexp", "cached_tokens", "greedy_ids", "positions", "accepted_drafts", "cache_tier")
     LOGITS_ROW_FIELD_NUMBER: _ClassVar[int]
     ARGMAX_FIELD_NUMBER: _ClassVar[int]
     TOP_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class RowOutput(_message.Message):
     GREEDY_IDS_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TIER_FIELD_NUMBER: _ClassVar[int]
     logits_row: int
     argmax: int
     top_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -147,7 +148,8 @@ class RowOutput(_message.Message):
     greedy_ids: _containers.RepeatedScalarFieldContainer[int]
     positions: int
     accepted_drafts: int
-    def __init__(self, logits_row: _Optional[int] = ..., argmax: _Optional[int] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logits: _Optional[_Iterable[float]] = ..., logsumexp: _Optional[float] = ..., cached_tokens: _Optional[int] = ..., greedy_ids: _Optional[_Iterable[int]] = ..., positions: _Optional[int] = ..., accepted_drafts: _Optional[int] = ...) -> None: ...
+    cache_tier: str
+    def __init__(self, logits_row: _Optional[int] = ..., argmax: _Optional[int] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logits: _Optional[_Iterable[float]] = ..., logsumexp: _Optional[float] = ..., cached_tokens: _Optional[int] = ..., greedy_ids: _Optional[_Iterable[int]] = ..., positions: _Optional[int] = ..., accepted_drafts: _Optional[int] = ..., cache_tier: _Optional[str] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("forward_us", "total_us")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from muestra.lm.config import LmConfig
+from muestra.lm.hot_tier import HotTier
 from muestra.lm.model import ModelFolderError
 from muestra.lm.prefix_cache import open_prefix_cache
 from muestra.lm.server import load_engine, service_spec
@@ -21,7 +22,11 @@ def main(argv: list[str] | None = None) -> None:
         engine = load_engine(config)
     except ModelFolderError as exc:
         raise SystemExit(f"muestra-lm: cannot serve {config.model}: {exc}") from None
-    run_service(service_spec(engine, open_prefix_cache(config, engine.info), config.batch_idle_s), config)
+    prefix_cache = open_prefix_cache(config, engine.info)
+    if prefix_cache is not None and config.hot_tier:
+        engine.hot = HotTier()
+    spec = service_spec(engine, prefix_cache, config.batch_idle_s, config.prefill_chunk_tokens)
+    run_service(spec, config)
 
 
 if __name__ == "__main__":

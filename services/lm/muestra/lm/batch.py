@@ -19,6 +19,30 @@ from muestra.lm.model import OnnxDecoder
 OutputSpec = tuple[int, int]
 NO_IDS = np.zeros(0, dtype=np.int64)
 KV = ConcatKV | SharedKV
+# The ids of a batch's rows grow in steps of this many positions.
+TOKENS_BLOCK = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class RowCache:
+    """What the prefix cache does with a row's KV once the row leaves its batch (PrefillRow.prefix)."""
+
+    block_size: int
+    # Leading full blocks of the row known to be in the shared tier (read from it, or written already).
+    stored_blocks: int
+    # Whether the row's blocks may be written to the shared tier.
+    write: bool
+    # Tokens of its prompt (cached past included): a row that leaves holding no more was fed nothing after it.
+    prompt_tokens: int = 0
+
+
+def _token_matrix(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """Each row's ids left-aligned in one int32 matrix (its width a multiple of TOKENS_BLOCK)."""
+    width = -(-max((len(r) for r in rows), default=0) // TOKENS_BLOCK) * TOKENS_BLOCK
+    tokens = np.zeros((len(rows), max(width, TOKENS_BLOCK)), dtype=np.int32)
+    for i, ids in enumerate(rows):
+        tokens[i, : len(ids)] = ids
+    return tokens
 
 
 def _forward(
@@ -56,12 +80,34 @@ class Batch:
     outputs: list[OutputSpec]
     # Per row, the ids it never picks (PrefillRow.suppressed_token_ids; NO_IDS: none).
     suppressed: list[np.ndarray] = dataclasses.field(default_factory=list)
+    # The ids whose KV each row holds: row i's are tokens[i, :lengths[i]] (what lies past a row's length means
+    # nothing). A row that leaves its batch is cached under them.
+    tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, TOKENS_BLOCK), np.int32))
+    # Per row, what the prefix cache does with it when it leaves (None: nothing).
+    cache: list[RowCache | None] = dataclasses.field(default_factory=list)
     # (the list it was built from, row index, id) of every suppressed logit, built on first use.
     _suppressed_at: tuple | None = dataclasses.field(default=None, repr=False)
 
     @property
     def rows(self) -> int:
         return len(self.request_ids)
+
+    def row_ids(self, row: int) -> np.ndarray:
+        """The ids whose KV row `row` holds (a view)."""
+        return self.tokens[row, : int(self.lengths[row])]
+
+    def _record(self, ids: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Note that each row now also holds the first counts[i] (default: all) of ids[i] after its current
+        length; call it before `lengths` grows."""
+        width = int((self.lengths + ids.shape[1]).max(initial=0))
+        if width > self.tokens.shape[1]:
+            grown = np.zeros((self.rows, -(-width // TOKENS_BLOCK) * TOKENS_BLOCK), np.int32)
+            grown[:, : self.tokens.shape[1]] = self.tokens
+            self.tokens = grown
+        columns = self.lengths[:, None] + np.arange(ids.shape[1])[None, :]
+        keep = np.ones(ids.shape, bool) if counts is None else np.arange(ids.shape[1])[None, :] < counts[:, None]
+        rows = np.broadcast_to(np.arange(self.rows)[:, None], ids.shape)
+        self.tokens[rows[keep], columns[keep]] = ids[keep]
 
     @property
     def nbytes(self) -> int:
@@ -104,11 +150,16 @@ class Batch:
         outputs: Sequence[OutputSpec],
         pasts: Sequence[list[np.ndarray] | None] | None = None,
         suppressed: Sequence[np.ndarray] | None = None,
+        histories: Sequence[np.ndarray] | None = None,
+        cache: Sequence[RowCache | None] | None = None,
+        hold: int = 0,
     ) -> tuple[Batch, np.ndarray, int]:
         """Run the prompts and keep their KV; returns the batch, each row's last logits (not suppressed), µs.
 
         `pasts[i]`, when given, is row i's KV of tokens before its prompt (one [kv_heads, p,
         head_dim] array per past input); such rows run alone and are then joined to the rest.
+        `histories[i]` is row i's past ids followed by its prompt (default: the prompt; a row with a past
+        needs it). `hold` is how many positions a lone row will grow to (a chunked prefill's whole prompt).
         """
         pasts = list(pasts) if pasts is not None else [None] * len(prompts)
         fresh = [i for i, p in enumerate(pasts) if p is None]
@@ -128,7 +179,9 @@ class Batch:
         groups += [[i] for i, p in enumerate(pasts) if p is not None]
         parts, logits, forward_us = [], [], 0
         for rows in groups:
-            part, part_logits, us = cls._prefill_rows(decoder, [prompts[i] for i in rows], [pasts[i] for i in rows])
+            part, part_logits, us = cls._prefill_rows(
+                decoder, [prompts[i] for i in rows], [pasts[i] for i in rows], hold
+            )
             parts.append(part)
             logits.append(part_logits)
             forward_us += us
@@ -140,11 +193,17 @@ class Batch:
             batch, logits = batch.filter(decoder, inverse.tolist()), logits[inverse]
         batch.request_ids, batch.outputs = list(request_ids), list(outputs)
         batch.suppressed = list(suppressed) if suppressed is not None else [NO_IDS] * len(prompts)
+        batch.tokens = _token_matrix(histories if histories is not None else prompts)
+        batch.cache = list(cache) if cache is not None else [None] * len(prompts)
         return batch, logits, forward_us
 
     @classmethod
     def _prefill_rows(
-        cls, decoder: OnnxDecoder, prompts: Sequence[np.ndarray], pasts: Sequence[list[np.ndarray] | None]
+        cls,
+        decoder: OnnxDecoder,
+        prompts: Sequence[np.ndarray],
+        pasts: Sequence[list[np.ndarray] | None],
+        hold: int = 0,
     ) -> tuple[Batch, np.ndarray, int]:
         storage = decoder.storage_cls
         pasts = [p if p is not None else decoder.empty_row_past() for p in pasts]
@@ -156,10 +215,12 @@ class Batch:
                 ids[row, width - len(prompt) :] = prompt
             else:
                 ids[row, : len(prompt)] = prompt
-        kv = storage.from_rows(pasts, decoder.to_device, decoder.context_length, hold=int(lengths.max()))
+        kv = storage.from_rows(pasts, decoder.to_device, decoder.context_length, hold=max(hold, int(lengths.max())))
         logits, kv, us = _forward(decoder, kv, ids, lengths)
         rows = len(prompts)
-        batch = cls([""] * rows, lengths, kv, outputs=[(0, 0)] * rows, suppressed=[NO_IDS] * rows)
+        # Their ids are set by from_prefill, which knows the rows' pasts.
+        tokens = np.zeros((rows, -(-int(lengths.max()) // TOKENS_BLOCK) * TOKENS_BLOCK), np.int32)
+        batch = cls([""] * rows, lengths, kv, [(0, 0)] * rows, [NO_IDS] * rows, tokens, [None] * rows)
         return batch, logits, us
 
     def step(self, decoder: OnnxDecoder, next_ids: np.ndarray) -> tuple[np.ndarray, int]:
@@ -171,6 +232,7 @@ class Batch:
             return self._step_rows_alone(decoder, ids)
         lengths = self.lengths + ids.shape[1]
         logits, self.kv, us = _forward(decoder, self.kv, ids, lengths)
+        self._record(ids)
         self.lengths = lengths
         return logits, us
 
@@ -184,7 +246,7 @@ class Batch:
             logits.append(row_logits)
             forward_us += us
         joined = Batch.concatenate(decoder, parts)
-        self.kv, self.lengths = joined.kv, joined.lengths
+        self.kv, self.lengths, self.tokens = joined.kv, joined.lengths, joined.tokens
         return np.concatenate(logits), forward_us
 
     def verify(
@@ -203,6 +265,7 @@ class Batch:
         if self.rows == 1 or decoder.storage_cls.left_padded:
             lengths = self.lengths + width
             logits, self.kv, us = _forward(decoder, self.kv, ids, lengths, every_position=True)
+            self._record(ids)
             self.lengths = lengths
             self.rollback(decoder, width - 1 - counts)
             return [logits[row, : 1 + counts[row]] for row in range(self.rows)], us
@@ -232,6 +295,7 @@ class Batch:
             forward_us += us
         if decoder.device != "cpu":
             self.kv = Batch.concatenate(decoder, parts).kv
+        self._record(ids[:, 1:], counts)
         self.lengths = self.lengths + counts
         return out, forward_us
 
@@ -249,12 +313,15 @@ class Batch:
         kept_bytes = self.kv.bytes_for(lengths.tolist(), decoder.kv_bytes_per_token, decoder.context_length)
         if list(rows) == list(range(self.rows)) and kept_bytes == self.kv.nbytes:
             return self
+        index = np.asarray(rows, dtype=np.int64)
         return Batch(
             request_ids=[self.request_ids[r] for r in rows],
             lengths=lengths,
             kv=self.kv.select(rows, lengths, decoder.to_device, decoder.context_length),
             outputs=[self.outputs[r] for r in rows],
             suppressed=[self.suppressed[r] for r in rows],
+            tokens=_token_matrix([self.row_ids(r) for r in index.tolist()]),
+            cache=[self.cache[r] for r in rows],
         )
 
     @classmethod
@@ -270,4 +337,6 @@ class Batch:
             kv=kv,
             outputs=[o for b in batches for o in b.outputs],
             suppressed=[ids for b in batches for ids in b.suppressed],
+            tokens=_token_matrix([b.row_ids(r) for b in batches for r in range(b.rows)]),
+            cache=[c for b in batches for c in b.cache],
         )

@@ -79,7 +79,22 @@ class LmConfig(ServiceConfig, RedisConfig):
     prefix_cache_min_sightings: int = dataclasses.field(
         default=2,
         metadata={
-            "help": "store a block once this many prompts holding it were prefilled here (2: a one-off prompt is "
-            "never stored; 1: store everything on first sight)"
+            "help": "store a prompt's block once this many prompts holding it were prefilled here (2: a one-off "
+            "prompt is never stored; 1: store everything on first sight); a finished row's blocks, its prompt's "
+            "and its answer's, are stored on first sight"
+        },
+    )
+    hot_tier: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "keep the KV of finished rows (prompt and answer) in the KV budget's free room, for the next "
+            "prompt that starts with them (a conversation's next turn); live rows evict it"
+        },
+    )
+    prefill_chunk_tokens: int = dataclasses.field(
+        default=128,
+        metadata={
+            "help": "a prompt longer than this is prefilled in chunks of this many tokens, with the running rows' "
+            "decode steps between them (0: in one forward)"
         },
     )

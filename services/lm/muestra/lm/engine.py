@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from muestra.lm.batch import NO_IDS, Batch, OutputSpec
+from muestra.lm.batch import NO_IDS, Batch, OutputSpec, RowCache
+from muestra.lm.hot_tier import HotTier, Resident
 from muestra.lm.model import OnnxDecoder
 from muestra.runtime.errors import InvalidArgument, ResourceExhausted, check_limit
 from muestra.v1 import lm_pb2
@@ -39,6 +40,10 @@ class PrefillInput:
     past: list[np.ndarray] | None = None
     # Ids the row never picks, for its whole life (int64, ascending; NO_IDS: none).
     suppressed: np.ndarray = dataclasses.field(default_factory=lambda: NO_IDS)
+    # The ids of `past` followed by input_ids (None: input_ids alone, the row has no past).
+    history: np.ndarray | None = None
+    # What the prefix cache does with the row when it leaves its batch (None: nothing).
+    cache: RowCache | None = None
 
 
 @dataclasses.dataclass
@@ -75,6 +80,24 @@ class StepResult:
 
 
 @dataclasses.dataclass
+class ChunkedPrefill:
+    """A one-row prefill in progress (Engine.begin_prefill, prefill_chunk)."""
+
+    row: PrefillInput
+    lease: str
+    chunk_tokens: int
+    # The row's length once prefilled, and the KV bytes reserved for it until its batch is stored.
+    length: int
+    reserved: int
+    # Tokens of row.input_ids run so far, the batch they made, and the forwards' time.
+    done: int = 0
+    batch: Batch | None = None
+    forward_us: int = 0
+    chunks: int = 0
+    batch_id: str = ""
+
+
+@dataclasses.dataclass
 class Load:
     batches: int
     rows: int
@@ -92,6 +115,7 @@ class Engine:
         max_tokens_per_row: int = 32,
         max_greedy_steps: int = 64,
         max_draft_tokens: int = 16,
+        hot_tier: HotTier | None = None,
     ) -> None:
         self.decoder = decoder
         self.info = decoder.info
@@ -108,11 +132,18 @@ class Engine:
         # batch id -> (lease, time.monotonic() of its last use)
         self._leases: dict[str, tuple[str, float]] = {}
         self._kv_bytes = 0
+        # KV reserved for chunked prefills in progress (their batches are not stored yet).
+        self._pending_bytes = 0
         self._rows = 0
         self._suppressed_sets: dict[bytes, np.ndarray] = {}
+        # The KV of rows that left, kept within the budget's room (None: none is kept).
+        self.hot = hot_tier
+        # Called on this thread with each cached row that leaves (its KV, as the hot tier keeps it, and its
+        # RowCache): the shared tier's writes.
+        self.on_row_left: Callable[[Resident, RowCache], None] | None = None
 
     def load(self) -> Load:
-        return Load(len(self.batches), self._rows, self._kv_bytes, self.kv_budget_bytes)
+        return Load(len(self.batches), self._rows, self._kv_bytes + self._pending_bytes, self.kv_budget_bytes)
 
     def check_output(self, field: str, kind: int, top_n: int) -> OutputSpec:
         if kind not in _KINDS:
@@ -176,14 +207,41 @@ class Engine:
         return self.decoder.storage_cls.bytes_for(lengths, self.info.kv_bytes_per_token, self.info.context_length)
 
     def _reserve(self, call: str, freed: int, needed: int, transient: int = 0) -> None:
-        after = self._kv_bytes - freed + needed
+        """Raise unless live rows fit the budget after this call; the hot tier gives up what they need."""
+        held = self._kv_bytes + self._pending_bytes - freed
+        after = held + needed
         if after + transient > self.kv_budget_bytes:
             extra = f" plus {transient} bytes of prefill logits" if transient else ""
             raise ResourceExhausted(
                 f"kv_budget_bytes: this {call} needs {needed} bytes of KV{extra}, which with the "
-                f"{self._kv_bytes - freed} bytes held by other batches exceeds the budget of "
+                f"{held} bytes held by other batches exceeds the budget of "
                 f"{self.kv_budget_bytes} bytes; finish or filter rows first"
             )
+        self._make_room(after + transient)
+
+    def _make_room(self, live: int) -> None:
+        """Evict the hot tier's least recently used rows until it fits beside `live` bytes of live KV."""
+        if self.hot is not None and live + self.hot.nbytes > self.kv_budget_bytes:
+            self.hot.evict(live + self.hot.nbytes - self.kv_budget_bytes)
+
+    def _leave(self, batch: Batch, rows: Sequence[int]) -> None:
+        """Rows leaving `batch` (finished, cancelled): keep the KV of cached ones in the hot tier and hand them
+        to on_row_left; a row shorter than one cache block is not worth a copy."""
+        for row in rows:
+            cache = batch.cache[row] if batch.cache else None
+            length = int(batch.lengths[row])
+            if cache is None or length < cache.block_size:
+                continue
+            ids, kv = batch.row_ids(row), batch.kv.row_arrays(row, length)
+            if self.hot is not None:
+                resident = self.hot.keep(ids, kv, cache.block_size, cache.stored_blocks)
+                self._make_room(self._kv_bytes + self._pending_bytes)
+            else:
+                copied = tuple(np.array(a, order="C", copy=True) for a in kv)
+                nbytes = sum(a.nbytes for a in copied)
+                resident = Resident(ids.copy(), copied, nbytes, cache.block_size, cache.stored_blocks)
+            if self.on_row_left is not None:
+                self.on_row_left(resident, cache)
 
     def _store(self, batch: Batch, lease: str, replaces: Sequence[str] = ()) -> str:
         for old in replaces:
@@ -197,7 +255,8 @@ class Engine:
         self._rows += batch.rows
         return batch_id
 
-    def prefill(self, rows: Sequence[PrefillInput], lease: str = "") -> StepResult:
+    def _check_prompts(self, rows: Sequence[PrefillInput]) -> list[int]:
+        """Each row's length once prefilled; raises when a prompt is empty, too long or holds a bad id."""
         check_limit("rows", len(rows), 1, self.max_batch_rows)
         context = self.info.context_length
         for i, row in enumerate(rows):
@@ -210,7 +269,10 @@ class Engine:
                     field, f"the prompt has {held} tokens; it must be shorter than the context length {context}"
                 )
             self.check_ids(field, row.input_ids)
-        lengths = [r.input_ids.size + (r.past[0].shape[1] if r.past is not None else 0) for r in rows]
+        return [r.input_ids.size + (r.past[0].shape[1] if r.past is not None else 0) for r in rows]
+
+    def prefill(self, rows: Sequence[PrefillInput], lease: str = "") -> StepResult:
+        lengths = self._check_prompts(rows)
         fresh = [r.input_ids.size for r in rows if r.past is None]
         transient = 0
         if self.decoder.logits_all and fresh:
@@ -223,10 +285,54 @@ class Engine:
             [r.output for r in rows],
             [r.past for r in rows],
             [r.suppressed for r in rows],
+            [r.history if r.history is not None else r.input_ids for r in rows],
+            [r.cache for r in rows],
         )
         allowed = [r.allowed for r in rows]
         batch.suppress(logits, [bool(a) for a in allowed])
         return StepResult(self._store(batch, lease), logits, batch.outputs, forward_us, allowed)
+
+    def begin_prefill(self, row: PrefillInput, lease: str, chunk_tokens: int) -> ChunkedPrefill:
+        """A one-row prefill run `chunk_tokens` at a time by prefill_chunk (other calls may run between two
+        chunks); its whole KV is reserved now, so no chunk can fail for want of room."""
+        (length,) = self._check_prompts([row])
+        transient = chunk_tokens * self.info.vocab_size * 4 if self.decoder.logits_all else 0
+        needed = self._bytes_for([length])
+        self._reserve("Prefill", 0, needed, transient)
+        self._pending_bytes += needed
+        return ChunkedPrefill(row, lease, chunk_tokens, length, needed)
+
+    def prefill_chunk(self, job: ChunkedPrefill) -> StepResult | None:
+        """Run the next chunk of `job`; after the last one, its batch is stored and its result returned."""
+        row, start = job.row, job.done
+        end = min(start + job.chunk_tokens, row.input_ids.size)
+        ids = row.input_ids[start:end]
+        if job.batch is None:
+            history = row.history if row.history is not None else row.input_ids
+            past = row.past[0].shape[1] if row.past is not None else 0
+            job.batch, logits, us = Batch.from_prefill(
+                self.decoder, [ids], [row.request_id], [row.output], [row.past], [row.suppressed],
+                [history[: past + end]], [row.cache], hold=job.length,
+            )  # fmt: skip
+        else:
+            logits, us = job.batch.step(self.decoder, ids[None, :])
+        job.done, job.forward_us, job.chunks = end, job.forward_us + us, job.chunks + 1
+        if end < row.input_ids.size:
+            return None
+        self._pending_bytes -= job.reserved
+        job.reserved = 0
+        batch = job.batch
+        batch.suppress(logits, [bool(row.allowed)])
+        job.batch_id = self._store(batch, job.lease)
+        return StepResult(job.batch_id, logits, batch.outputs, job.forward_us, [row.allowed])
+
+    def abandon_prefill(self, job: ChunkedPrefill) -> None:
+        """The caller of a chunked prefill left: free what it holds (its reservation, or its finished batch)."""
+        self._pending_bytes -= job.reserved
+        job.reserved = 0
+        if job.batch_id:
+            self._drop(job.batch_id)
+        job.batch = None
 
     def decode(
         self,
@@ -429,6 +535,8 @@ class Engine:
         for i, r in enumerate(rows):
             if r >= batch.rows:
                 raise InvalidArgument(f"rows[{i}]", f"row {r} is out of range for a batch of {batch.rows} rows")
+        kept = set(rows)
+        self._leave(batch, [r for r in range(batch.rows) if r not in kept])
         if not rows:
             self._drop(batch_id)
             return "", 0
@@ -446,7 +554,9 @@ class Engine:
         """Free these batches of the lease (unknown ids are ignored: they are already free), or all of its batches."""
         for batch_id in list(batch_ids or self.batches):
             if batch_id in self._leases and self._leases[batch_id][0] == lease:
+                batch = self.batches[batch_id]
                 self._drop(batch_id)
+                self._leave(batch, range(batch.rows))
         return self.load()
 
     def release(self, lease: str) -> tuple[int, int]:
@@ -490,6 +600,7 @@ def _rolled_back(decoder: OnnxDecoder, item: DecodeInput, batch: Batch) -> Batch
     """The batch without the tokens its caller rejected: a copy (the original stays until the step succeeded)."""
     if item.rollback is None or not item.rollback.any():
         return batch
-    copy = dataclasses.replace(batch, _suppressed_at=None)
+    # Its ids are its own too: the step writes the new ones where the original's rejected drafts are.
+    copy = dataclasses.replace(batch, tokens=batch.tokens.copy(), _suppressed_at=None)
     copy.rollback(decoder, item.rollback)
     return copy

@@ -20,6 +20,9 @@ ABANDONED = Counter(
 PREFILL_SECONDS = Histogram(
     "muestra_lm_prefill_seconds", "Forward time of one Prefill call (all its rows)", buckets=_STEP_BUCKETS
 )
+PREFILL_CHUNKS = Counter(
+    "muestra_lm_prefill_chunks_total", "Chunks of long prompts prefilled apart (--prefill-chunk-tokens each)"
+)
 PREFILL_TOKENS = Histogram(
     "muestra_lm_prefill_tokens",
     "Prompt tokens one Prefill call computed (after prefix-cache hits)",

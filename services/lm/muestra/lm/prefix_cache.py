@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from prometheus_client import Counter, Histogram
 
+from muestra.lm.batch import RowCache
+from muestra.lm.hot_tier import Resident
 from muestra.lm.prefix_store import MemoryBlockStore, RedisBlockStore
 from muestra.runtime.cache_mac import MAC_BYTES, CacheMac
 from muestra.runtime.errors import InvalidArgument
@@ -61,6 +63,11 @@ QUERIES = Counter(
 HITS = Counter(
     "muestra_lm_prefix_cache_hits_total",
     "Prompt tokens whose KV came from the prefix cache (vllm:prefix_cache_hits)",
+)
+TIER_HITS = Counter(
+    "muestra_lm_prefix_cache_tier_hits_total",
+    "Prompt tokens whose KV came from each tier: hot (this lm's memory) or shared (Redis, or the in-process store)",
+    ["tier"],
 )
 HIT_TOKENS = Histogram(
     "muestra_lm_prefix_cache_hit_tokens",
@@ -96,6 +103,10 @@ class PrefixPlan:
     cached_tokens: int
     # (block index, overwrite): blocks to store after the prefill.
     writes: list[tuple[int, bool]]
+    # Where the reused tokens came from: "hot" (this lm's memory), "shared" (Redis or the in-process store), "".
+    tier: str = ""
+    # Leading blocks of the prompt known to be in the shared tier once the writes above are done.
+    stored_blocks: int = 0
 
 
 class BlockFormat:
@@ -154,6 +165,11 @@ class BlockFormat:
         return np.frombuffer(value, dtype=self.dtype, offset=_HEADER.size).reshape(
             self.num_tensors, self.num_kv_heads, block_size, self.head_dim
         )
+
+
+def _leading(blocks: set[int], count: int) -> int:
+    """How many of blocks 0, 1, ... count - 1 are in `blocks`, from the first on."""
+    return next((i for i in range(count) if i not in blocks), count)
 
 
 def _lower_priority() -> None:
@@ -250,7 +266,21 @@ class PrefixCache:
             # One copy: [tensors, heads, blocks * block_size, dim].
             joined = np.concatenate(blocks, axis=2)
             past = list(joined)
-        return PrefixPlan(request, past, used * size, writes)
+        stored = _leading(present | {i for i, _ in writes}, len(hashes))
+        return PrefixPlan(request, past, used * size, writes, "shared" if used else "", stored)
+
+    def from_hot(self, request: PrefixRequest, resident: Resident, length: int) -> PrefixPlan:
+        """The plan of a row whose first `length` tokens' KV is a hot-tier entry's (no trip through the store).
+
+        Its prompt's blocks after those the entry knows to be stored are written as load() would write them."""
+        size = request.block_size
+        known = min(resident.stored_blocks, length // size) if resident.block_size == size else 0
+        writes = [(i, False) for i in range(known, len(request.hashes))] if request.write else []
+        if writes and self.min_sightings > 1:
+            writes = [(i, overwrite) for i, overwrite in writes if self._sighted(request.hashes[i])]
+        stored = _leading(set(range(known)) | {i for i, _ in writes}, len(request.hashes))
+        past = [a[:, :length] for a in resident.kv]
+        return PrefixPlan(request, past, length, writes, "hot", stored)
 
     def _sighted(self, block_hash: bytes) -> bool:
         """Count one more prompt holding this block; whether it has now been seen min_sightings times."""
@@ -266,6 +296,8 @@ class PrefixCache:
         """Count one prefilled row that asked the cache."""
         QUERIES.inc(prompt_tokens)
         HITS.inc(plan.cached_tokens)
+        if plan.tier:
+            TIER_HITS.labels(plan.tier).inc(plan.cached_tokens)
         HIT_TOKENS.observe(plan.cached_tokens)
 
     def write_later(self, jobs: list[tuple[PrefixPlan, object, int, int]]) -> None:
@@ -290,6 +322,41 @@ class PrefixCache:
                 BLOCKS_WRITTEN.inc(len(items))
         except Exception:  # a write must never take the service down
             log.exception("prefix cache: writing %d blocks failed", len(plan.writes))
+        finally:
+            with self._pending_lock:
+                self._pending -= 1
+
+    def write_left(self, resident: Resident, cache: RowCache) -> None:
+        """Queue the full blocks of a row that left (prompt and generated tokens) that the shared tier lacks.
+
+        Written on first sight, whatever min_sightings says: a row that generated is where a conversation
+        stands, and its next turn starts with all of it. A row fed nothing after its prompt (a prefill alone)
+        is left to the prompt's own rule, at its prefill. The entry then counts the blocks as stored, so the
+        next turn, which adopts it, writes only its own new blocks."""
+        size = cache.block_size
+        full = len(resident.ids) // size
+        if not cache.write or full <= cache.stored_blocks or len(resident.ids) <= cache.prompt_tokens:
+            return
+        with self._pending_lock:
+            if self._pending >= MAX_PENDING_WRITES:
+                DROPPED.inc()
+                return
+            self._pending += 1
+        resident.stored_blocks = full
+        self.write_pool.submit(self._write_left, resident, size, cache.stored_blocks, full)
+
+    def _write_left(self, resident: Resident, size: int, start: int, full: int) -> None:
+        try:
+            # block_hashes leaves a prompt's last token out; every held id of a finished row counts.
+            hashes = block_hashes(self.fingerprint, [*resident.ids[: full * size].tolist(), 0], size)
+            items = [
+                (self.key(hashes[i]), self.format.encode(resident.kv, i * size, size, hashes[i]), False)
+                for i in range(start, full)
+            ]
+            if self.store.put_many(items):
+                BLOCKS_WRITTEN.inc(len(items))
+        except Exception:  # a write must never take the service down
+            log.exception("prefix cache: writing %d blocks of a finished row failed", full - start)
         finally:
             with self._pending_lock:
                 self._pending -= 1

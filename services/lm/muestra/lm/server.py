@@ -11,6 +11,7 @@ import grpc
 import numpy as np
 
 from muestra.lm import metrics
+from muestra.lm.batch import RowCache
 from muestra.lm.config import LmConfig
 from muestra.lm.engine import DecodeInput, Engine, Load, PrefillInput, StepResult
 from muestra.lm.model import OnnxDecoder
@@ -72,12 +73,24 @@ def _load(load: Load) -> lm_pb2.ServiceLoad:
 
 
 class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
-    def __init__(self, engine: Engine, prefix_cache: PrefixCache | None = None, batch_idle_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        prefix_cache: PrefixCache | None = None,
+        batch_idle_s: float = 0.0,
+        prefill_chunk_tokens: int = 0,
+    ) -> None:
         self.engine = engine
+        # A one-row prompt longer than this is prefilled in chunks of it (0: in one forward).
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        # Held by the chunked prefill whose chunk is queued or running on the model thread.
+        self._chunk_turn = asyncio.Lock()
         self.batch_idle_s = batch_idle_s
         # Open BatchSteps streams per lease: a lease's batches go when its last stream breaks.
         self._streams: dict[str, int] = {}
         self.prefix_cache = prefix_cache
+        if prefix_cache is not None:
+            engine.on_row_left = prefix_cache.write_left
         # One thread: forwards are serialized and the batch table has a single writer.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lm-model")
         # Calls submitted to that thread and not yet finished (only the event loop changes this).
@@ -156,20 +169,25 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         ]
         lease = lease_of(context)
         plans = await self._load_prefixes(request.rows, rows)
-        # A caller that leaves mid-prefill (its deadline, a cancel) never learns the new batch's id: the batch
-        # is freed as soon as the model thread has made it, instead of idling until batch_idle_s.
-        job = asyncio.ensure_future(self._on_model_thread(self._prefill, rows, lease))
-        try:
-            result, output, kv, lengths = await asyncio.shield(job)
-        except asyncio.CancelledError:
-            job.add_done_callback(lambda done: self._free_abandoned(done, lease))
-            raise
+        chunk = self.prefill_chunk_tokens
+        if len(rows) == 1 and 0 < chunk < rows[0].input_ids.size:
+            result, output, kv, lengths = await self._chunked_prefill(rows[0], lease)
+        else:
+            # A caller that leaves mid-prefill (its deadline, a cancel) never learns the new batch's id: the
+            # batch is freed as soon as the model thread has made it, instead of idling until batch_idle_s.
+            job = asyncio.ensure_future(self._on_model_thread(self._prefill, rows, lease))
+            try:
+                result, output, kv, lengths = await asyncio.shield(job)
+            except asyncio.CancelledError:
+                job.add_done_callback(lambda done: self._free_abandoned(done, lease))
+                raise
         metrics.PREFILL_SECONDS.observe(result.forward_us / 1e6)
         metrics.PREFILL_TOKENS.observe(sum(row.input_ids.size for row in rows))
         writes = []
         for i, (row, plan) in enumerate(zip(output.rows, plans, strict=True)):
             if plan is not None:
                 row.cached_tokens = plan.cached_tokens
+                row.cache_tier = plan.tier
                 self.prefix_cache.record(plan, plan.cached_tokens + rows[i].input_ids.size)
                 if plan.writes:
                     writes.append((plan, kv, i, int(lengths[i])))
@@ -178,8 +196,52 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             context.add_done_callback(lambda _: self.prefix_cache.write_later(writes))
         return lm_pb2.PrefillResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
 
+    async def _chunked_prefill(self, row: PrefillInput, lease: str):
+        """A long prompt in chunks of prefill_chunk_tokens, each its own turn on the model thread: a decode step
+        that arrives meanwhile runs after the chunk in progress, so running rows never wait for more than one.
+        Chunks of concurrent prefills take turns (one at a time is queued), in their order of arrival."""
+        job = None
+        step: asyncio.Future | None = None
+        try:
+            async with self._chunk_turn:
+                job = await self._on_model_thread(
+                    self.engine.begin_prefill, row, lease, self.prefill_chunk_tokens
+                )  # fmt: skip
+            while True:
+                async with self._chunk_turn:
+                    step = asyncio.ensure_future(self._on_model_thread(self._prefill_chunk, job))
+                    done = await asyncio.shield(step)
+                    step = None
+                if done is not None:
+                    return done
+        except asyncio.CancelledError:
+            # The caller left (its deadline, a cancel): free the reservation or the batch once no chunk runs.
+            if job is not None:
+                metrics.ABANDONED.labels("prefill cancelled").inc()
+                if step is None:
+                    asyncio.get_running_loop().create_task(self._abandon(job))
+                else:
+                    step.add_done_callback(lambda _: asyncio.get_running_loop().create_task(self._abandon(job)))
+            raise
+
+    def _prefill_chunk(self, job):
+        """One chunk on the model thread; after the last, what _prefill returns."""
+        result = self.engine.prefill_chunk(job)
+        metrics.PREFILL_CHUNKS.inc()
+        if result is None:
+            return None
+        output = batch_output(result.logits, result.specs, result.allowed)
+        batch = self.engine.batches[result.batch_id]
+        return result, output, batch.kv, batch.lengths.copy()
+
+    async def _abandon(self, job) -> None:
+        if not self.closing:
+            await self._on_model_thread(self.engine.abandon_prefill, job)
+
     async def _load_prefixes(self, pb_rows, rows: list[PrefillInput]) -> list[PrefixPlan | None]:
-        """Fetch each row's cached blocks (off the model thread) and cut its prompt to the rest."""
+        """Each row's cached prefix: from the hot tier when it holds at least what the shared tier would give
+        (no read), else the shared tier's blocks (read off the model thread); the row's prompt is cut to the
+        rest, and it is told what the cache does with it once it leaves."""
         cache = self.prefix_cache
         if cache is None:
             return [None] * len(rows)
@@ -195,10 +257,20 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 f"rows[{i}].prefix", row.input_ids, prefix.block_size, prefix.block_hashes,
                 prefix.cached_blocks, prefix.write,
             )  # fmt: skip
-            pending.append(loop.run_in_executor(cache.read_pool, cache.load, checked))
-        plans = [await p if p is not None else None for p in pending]
+            hot = self.engine.hot
+            resident, length = hot.longest(row.input_ids, row.input_ids.size - 1) if hot is not None else (None, 0)
+            if resident is not None and length >= max(checked.cached_blocks * checked.block_size, checked.block_size):
+                pending.append(cache.from_hot(checked, resident, length))
+            else:
+                pending.append(loop.run_in_executor(cache.read_pool, cache.load, checked))
+        plans = [p if isinstance(p, PrefixPlan) or p is None else await p for p in pending]
         for row, plan in zip(rows, plans, strict=True):
-            if plan is not None and plan.cached_tokens:
+            if plan is None:
+                continue
+            request = plan.request
+            row.cache = RowCache(request.block_size, plan.stored_blocks, request.write, row.input_ids.size)
+            if plan.cached_tokens:
+                row.history = row.input_ids
                 row.past = plan.past
                 row.input_ids = row.input_ids[plan.cached_tokens :]
         return plans
@@ -344,8 +416,10 @@ def load_engine(config: LmConfig) -> Engine:
     return engine
 
 
-def service_spec(engine: Engine, prefix_cache: PrefixCache | None = None, batch_idle_s: float = 0.0) -> ServiceSpec:
-    servicer = LanguageModelServicer(engine, prefix_cache, batch_idle_s)
+def service_spec(
+    engine: Engine, prefix_cache: PrefixCache | None = None, batch_idle_s: float = 0.0, prefill_chunk_tokens: int = 0
+) -> ServiceSpec:
+    servicer = LanguageModelServicer(engine, prefix_cache, batch_idle_s, prefill_chunk_tokens)
     tasks: list[asyncio.Task] = []
 
     async def register(server: grpc.aio.Server) -> list[str]:

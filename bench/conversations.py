@@ -42,6 +42,7 @@ import dataclasses  # noqa: E402
 import importlib.util  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import pydoc_data.topics  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
@@ -94,6 +95,7 @@ class Server:
     name: str
     base_url: str
     no_cache: dict
+    pids: list[int]  # its processes, whose CPU time is its own
     model: str = ""
     client: openai.AsyncOpenAI | None = None
 
@@ -112,7 +114,7 @@ def start_muestra(log_dir: Path, threads: int) -> tuple[LocalStack, Server]:
     """The stack as `muestra up` starts it on the default text model (no image service: nothing asks for one)."""
     lm_args = ("--intra-op-threads", str(threads))  # after LocalStack's own 1: the last flag wins
     stack = LocalStack(log_dir / "muestra", text_model=MODEL, image_model=None, lm_args=lm_args)
-    return stack, Server("muestra", stack.base_url, no_cache={})
+    return stack, Server("muestra", stack.base_url, no_cache={}, pids=[p.pid for p in stack.processes()])
 
 
 def start_llama(log_dir: Path, scenario: str, threads: int) -> tuple[Process, Server]:
@@ -134,7 +136,8 @@ def start_llama(log_dir: Path, scenario: str, threads: int) -> tuple[Process, Se
                 process.terminate()
                 raise RuntimeError(f"llama-server not healthy:\n{process.log_tail()}") from None
         time.sleep(0.2)
-    return process, Server("llama", f"http://127.0.0.1:{port}/v1", no_cache={"cache_prompt": False})
+    server = Server("llama", f"http://127.0.0.1:{port}/v1", no_cache={"cache_prompt": False}, pids=[process.pid])
+    return process, server
 
 
 # -- one request ---------------------------------------------------------------------------------------
@@ -316,9 +319,52 @@ async def bystanders(server: Server, document: str, tag: str, streams: int = 3) 
     }
 
 
-async def run_scenario(scenario: str, servers: list[Server], rounds: int, seed: int, texts: dict) -> dict:
-    """Every round of one scenario on each server in turn (each first in every other round)."""
+def process_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the live ones of `pids` have used so far."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime and stime, the line's 14th and 15th fields
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (not idle, not waiting for I/O) since boot."""
+    ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """What else ran while one server was measured: the machine's busy CPU seconds less the server's and ours.
+
+    The machine is shared; a run where other processes took a good part of the cores is not a fair figure.
+    """
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = [*pids, os.getpid()]
+        self.wall, self.busy, self.ours = time.perf_counter(), machine_busy_s(), process_cpu_s(self.pids)
+
+    def read(self) -> dict:
+        wall = time.perf_counter() - self.wall
+        ours = process_cpu_s(self.pids) - self.ours
+        foreign = max(0.0, machine_busy_s() - self.busy - ours)
+        return {
+            "wall_s": round(wall, 1),
+            "ours_cpu_s": round(ours, 1),
+            "foreign_cpu_s": round(foreign, 1),
+            "foreign_share": round(foreign / (wall * (os.cpu_count() or 1)), 3),
+        }
+
+
+async def run_scenario(scenario: str, servers: list[Server], rounds: int, seed: int, texts: dict) -> tuple[dict, dict]:
+    """Every round of one scenario on each server in turn (each first in every other round), and what else
+    used the CPU during each."""
     results: dict[str, list] = {server.name: [] for server in servers}
+    cpu: dict[str, list] = {server.name: [] for server in servers}
     for server in servers:
         await server.open()
         await stream_chat(server, [{"role": "user", "content": "Hello!"}], 8)  # warm-up, not measured
@@ -326,6 +372,7 @@ async def run_scenario(scenario: str, servers: list[Server], rounds: int, seed: 
         for round_ in range(rounds):
             for server in servers if round_ % 2 == 0 else servers[::-1]:
                 tag = f"{seed}-{scenario}-{round_}"
+                meter = CpuMeter(server.pids)
                 if scenario == "a":
                     result = await document_chat(server, texts["document"], tag)
                 elif scenario == "b":
@@ -333,12 +380,18 @@ async def run_scenario(scenario: str, servers: list[Server], rounds: int, seed: 
                 else:
                     result = await bystanders(server, texts["long"], tag)
                 results[server.name].append(result)
-                print(f"  ({scenario}) round {round_} {server.name} done", flush=True)
+                cpu[server.name].append(meter.read())
+                others = cpu[server.name][-1]
+                print(
+                    f"  ({scenario}) round {round_} {server.name} done in {others['wall_s']} s; other processes "
+                    f"took {others['foreign_cpu_s']} CPU-s ({others['foreign_share']:.0%} of the cores)",
+                    flush=True,
+                )
                 await asyncio.sleep(2)  # let a closed stream's work drain before the other server's turn
     finally:
         for server in servers:
             await server.close()
-    return results
+    return results, cpu
 
 
 # -- the report ----------------------------------------------------------------------------------------
@@ -466,12 +519,12 @@ def main() -> None:
             llama, server = start_llama(log_dir, scenario, args.threads) if args.only != "muestra" else (None, None)
             try:
                 servers = [s for s in (muestra, server) if s is not None]
-                results = asyncio.run(run_scenario(scenario, servers, args.rounds, args.seed, texts))
+                results, cpu = asyncio.run(run_scenario(scenario, servers, args.rounds, args.seed, texts))
             finally:
                 if llama is not None:
                     llama.terminate()
             summaries = {name: SUMMARIES[scenario](rounds) for name, rounds in results.items()}
-            report["scenarios"][scenario] = {"summary": summaries, "rounds": results}
+            report["scenarios"][scenario] = {"summary": summaries, "rounds": results, "cpu": cpu}
             print_summary(scenario, summaries)
     finally:
         if stack is not None:

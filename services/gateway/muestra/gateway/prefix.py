@@ -34,6 +34,11 @@ HITS = Counter(
     "Prompt tokens whose KV the lm took from the prefix cache (vllm:prefix_cache_hits)",
     ["model"],
 )
+TIER_HITS = Counter(
+    "muestra_prefix_cache_tier_hits_total",
+    "Prompt tokens the lm reused, by tier: hot (the lm's memory of finished rows) or shared (Redis, in-process store)",
+    ["model", "tier"],
+)
 FOUND = Counter(
     "muestra_prefix_cache_found_tokens_total",
     "Prompt tokens the gateway's lookup found in Redis (the lm may still miss some: evicted or corrupt)",
@@ -79,13 +84,12 @@ class PrefixLookup:
         self.redis = redis
         self.health = health
 
-    async def prefix_blocks(self, prompt_ids: Sequence[int]) -> lm_pb2.PrefixBlocks | None:
-        """The prefix instructions for this prompt (None when it has no full block before its last token)."""
+    async def prefix_blocks(self, prompt_ids: Sequence[int]) -> lm_pb2.PrefixBlocks:
+        """The prefix instructions for this prompt."""
         QUERIES.labels(self.model).inc(len(prompt_ids))
         hashes = block_hashes(self.fingerprint, prompt_ids, self.block_size)
-        if not hashes:
-            return None
-        cached = len(hashes) if self.redis is None else await self._leading_present(hashes)
+        # A prompt without a full block still asks: the lm keeps its row's KV once it is done (its next turn's).
+        cached = 0 if not hashes else len(hashes) if self.redis is None else await self._leading_present(hashes)
         return lm_pb2.PrefixBlocks(block_size=self.block_size, block_hashes=hashes, cached_blocks=cached, write=True)
 
     async def _leading_present(self, hashes: list[bytes]) -> int:
@@ -109,8 +113,10 @@ class PrefixLookup:
         FOUND.labels(self.model).inc(cached * self.block_size)
         return cached
 
-    def record_hit(self, cached_tokens: int) -> None:
+    def record_hit(self, cached_tokens: int, tier: str = "") -> None:
         HITS.labels(self.model).inc(cached_tokens)
+        if tier:
+            TIER_HITS.labels(self.model, tier).inc(cached_tokens)
 
 
 def open_redis(url: str, timeout_s: float, password: str = ""):

@@ -53,6 +53,8 @@ def sampler_specs(request: gateway_pb2.GenerateRequest) -> list[dict]:
     ]
 
 
+# Longest GenerateRequest.prompt_cache_key, in characters.
+MAX_PROMPT_CACHE_KEY = 256
 # The scheduler ends a request at its deadline (finish reason CANCELLED); past this much more, the
 # scheduler itself is held up by another service and the stream ends here instead.
 DEADLINE_SLACK_S = 0.5
@@ -278,6 +280,10 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             spec = request.constraint
             params = {key: _value(v) for key, v in spec.params.fields.items()}
             constraint = await self.grammar_engines[model.name].compile(self.constraints, spec.name, params)
+        if len(request.prompt_cache_key) > MAX_PROMPT_CACHE_KEY:
+            raise InvalidArgument(
+                "prompt_cache_key", f"is {len(request.prompt_cache_key)} characters; at most {MAX_PROMPT_CACHE_KEY}"
+            )
         deadline = None
         if request.timeout_ms:
             deadline = time.monotonic() + request.timeout_ms / 1000
@@ -320,6 +326,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             suppressed_token_ids=suppressed_token_ids(model, request, constraint),
             special_tokens_in_text=request.allow_special_tokens,
             speculation=speculation,
+            prompt_cache_key=request.prompt_cache_key,
         )
         return generation, self.routers[model.name]
 

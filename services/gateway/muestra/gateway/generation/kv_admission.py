@@ -107,10 +107,16 @@ class KvAdmission:
     def _overshoot(self) -> int:
         return max(0, min(self.greedy_burst, self.replica.max_greedy_steps) - 1)
 
-    def reserved_bytes(self, rows: Iterable) -> int:
-        """Bytes the batch `rows` may take before its last row ends."""
+    def reserved_bytes(self, rows: Iterable, prefilling: Sequence[GenerationRequest] = ()) -> int:
+        """Bytes the batch `rows` and the requests being prefilled may take before their last row ends."""
         kv = self.replica.kv
-        return kv.batch_bytes(batch_ends(rows, kv.context_length, self._overshoot())) if kv is not None else 0
+        if kv is None:
+            return 0
+        overshoot = self._overshoot()
+        ends = batch_ends(rows, kv.context_length, overshoot)
+        for request in prefilling:
+            ends += request_ends(request, kv.context_length, overshoot)
+        return kv.batch_bytes(ends)
 
     def alone_error(self, request: GenerationRequest) -> ResourceExhausted | None:
         """The error for a request whose rows alone need more than the budget (None if they fit)."""
@@ -127,20 +133,25 @@ class KvAdmission:
             f"of lm replica {self.replica.address}; ask for fewer max_tokens, completions or beams"
         )
 
-    def fits(self, request: GenerationRequest, rows: list) -> bool:
-        """Whether the batch `rows` with this request's rows stays within the budget until every row's end.
-        An empty batch always takes it: a request too big alone is refused (alone_error), never kept waiting."""
+    def fits(self, request: GenerationRequest, rows: list, prefilling: Sequence[GenerationRequest] = ()) -> bool:
+        """Whether the batch `rows`, the requests being prefilled and this request's rows stay within the budget
+        until every row's end. An empty replica always takes it: a request too big alone is refused
+        (alone_error), never kept waiting."""
         kv = self.replica.kv
-        if kv is None or not rows:
+        if kv is None or not (rows or prefilling):
             return True
         overshoot = self._overshoot()
-        ends = batch_ends(rows, kv.context_length, overshoot) + request_ends(request, kv.context_length, overshoot)
+        ends = batch_ends(rows, kv.context_length, overshoot)
+        for other in (*prefilling, request):
+            ends += request_ends(other, kv.context_length, overshoot)
         return kv.batch_bytes(ends) <= kv.budget_bytes
 
-    def admits(self, waiting: Sequence[GenerationRequest], rows: list) -> bool:
+    def admits(
+        self, waiting: Sequence[GenerationRequest], rows: list, prefilling: Sequence[GenerationRequest] = ()
+    ) -> bool:
         """fits() for the head of the queue. When it has to wait, so does everyone behind it: each request is
         counted once in muestra_kv_admission_waits_total."""
-        if self.fits(waiting[0], rows):
+        if self.fits(waiting[0], rows, prefilling):
             return True
         held = [request for request in waiting if not request.waited_for_kv]
         for request in held:

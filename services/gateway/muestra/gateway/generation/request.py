@@ -36,6 +36,7 @@ class GenerationRequest:
     suppressed_token_ids: tuple[int, ...] = ()  # never picked (special tokens; GenerateRequest.allow_special_tokens)
     special_tokens_in_text: bool = False  # allow_special_tokens: what is sampled is shown, special or not
     speculation: object = None  # the request's proposer and params (proposers.registry.Speculation), or None
+    prompt_cache_key: str = ""  # GenerateRequest.prompt_cache_key: a routing hint
     # Filled in by the gateway and the scheduler.
     arrival: float = dataclasses.field(default_factory=time.monotonic)
     admitted: float | None = None

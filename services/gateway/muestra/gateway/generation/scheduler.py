@@ -1,7 +1,9 @@
 """Continuous batching on one lm replica: its queue, admission, the step loop, and failover.
 
 Between two decode steps, finished and cancelled rows leave the batch and beam-search rows are
-reordered (batch.py), and waiting requests are prefilled and join it. One Decode call per step
+reordered (batch.py), waiting requests start their prefills, and those whose prefill is done take their
+first tokens and join the batch. A prefill runs beside the steps (the lm runs a long prompt in chunks
+with the running rows' steps between them), so a long prompt stalls no running stream. One Decode call per step
 serves every row (lm_client.py; how many tokens and steps it runs: step_policy.py); the rows take
 their tokens and the finish rules apply (outputs.py); the detokenization of step t overlaps the
 lm's work on step t+1 (detokenizer.py).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -45,6 +48,17 @@ log = logging.getLogger("muestra.gateway.scheduler")
 
 # A request that has streamed nothing moves to another replica at most this many times.
 MAX_REROUTES = 1
+# Prefills in flight at once on one replica (the lm runs their chunks in turn, between decode steps).
+MAX_PREFILLS = 8
+
+
+@dataclasses.dataclass
+class Prefilling:
+    """A request whose Prefill is in flight, with the rows it will bring."""
+
+    request: GenerationRequest
+    rows: list[Row]
+    task: asyncio.Task
 
 
 class ReplicaScheduler:
@@ -55,6 +69,7 @@ class ReplicaScheduler:
         config,
         reroute: Callable[[GenerationRequest, ReplicaScheduler], None] | None = None,
         out_of_rotation: Callable[[ReplicaScheduler], None] | None = None,
+        finished: Callable[[ReplicaScheduler, GenerationRequest, list[int]], None] | None = None,
     ) -> None:
         self.model = model
         self.replica = replica
@@ -65,8 +80,8 @@ class ReplicaScheduler:
         self.model_info = ModelInfo(model.vocab_size, model.eos_token_ids, model.context_length)
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
         self.batch = RunningBatch()
-        # The request being prefilled (out of `waiting`, not yet joining).
-        self.admitting: GenerationRequest | None = None
+        # Requests being prefilled (out of `waiting`, not yet joining), in order of admission.
+        self.prefilling: list[Prefilling] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.steps = 0
@@ -82,14 +97,20 @@ class ReplicaScheduler:
         # Set by the Router: whether requests may be sent here; where a request goes that could not start
         # here, and what takes this replica out of the rotation when it fails.
         self.healthy = True
+        # Health checks in a row that timed out (routing.py: a busy replica stays in the rotation).
+        self.slow_checks = 0
         self.reroute = reroute
         self.out_of_rotation = out_of_rotation
+        # Told the ids whose KV a finished request's row leaves on the lm (where its conversation stands).
+        self.finished = finished
         # Read when /metrics is scraped, so they never go stale between steps.
         labels = (model.name, replica.address)
         metrics.RUNNING.labels(*labels).set_function(self.running_requests)
         metrics.WAITING.labels(*labels).set_function(lambda: len(self.waiting))
         metrics.ROWS_RUNNING.labels(*labels).set_function(self.rows_running)
-        metrics.KV_RESERVED.labels(*labels).set_function(lambda: self.kv.reserved_bytes(self.batch.all_rows()))
+        metrics.KV_RESERVED.labels(*labels).set_function(
+            lambda: self.kv.reserved_bytes(self.batch.all_rows(), [p.request for p in self.prefilling])
+        )
 
     @property
     def step_s(self) -> float | None:
@@ -99,7 +120,7 @@ class ReplicaScheduler:
     # -- called by the Generate handlers and the router -----------------------------------------
 
     def load(self) -> int:
-        return len(self.batch) + sum(r.rows for r in self.waiting)
+        return len(self.batch) + sum(p.request.rows for p in self.prefilling) + sum(r.rows for r in self.waiting)
 
     def rows_running(self) -> int:
         """Rows in the running batch and joining it."""
@@ -108,12 +129,11 @@ class ReplicaScheduler:
     def running_requests(self) -> int:
         """Requests with rows here (running or joining) or being prefilled."""
         running = {id(request) for request in self.batch.requests()}
-        if self.admitting is not None:
-            running.add(id(self.admitting))
+        running.update(id(p.request) for p in self.prefilling)
         return len(running)
 
     def has_work(self) -> bool:
-        return bool(self.batch.rows or self.batch.joining or self.waiting)
+        return bool(self.batch.rows or self.batch.joining or self.waiting or self.prefilling)
 
     def submit(self, request: GenerationRequest) -> None:
         if len(self.waiting) >= self.max_queue:
@@ -141,7 +161,7 @@ class ReplicaScheduler:
         detokenizing: asyncio.Task | None = None
         while True:
             try:
-                if not self.batch.rows and not self.waiting:
+                if not self.batch.rows and not self.waiting and not self.prefilling:
                     if detokenizing is not None:
                         task, detokenizing = detokenizing, None
                         await task
@@ -151,8 +171,11 @@ class ReplicaScheduler:
                     await self.wake.wait()
                 self._expire()
                 self.batch.batch_id, self.batch.rows = await self._reshaped(self.batch.batch_id, self.batch.rows)
-                await self._admit()
+                self._admit()
+                await self._join_prefilled()
                 if not self.batch.rows and not self.batch.joining:
+                    if self.prefilling:
+                        await self._prefill_or_wake()
                     continue
                 # The lm works on step t+1 while the tokenizer turns step t into text.
                 step_started = time.monotonic()
@@ -167,7 +190,7 @@ class ReplicaScheduler:
                 detokenizing = asyncio.get_running_loop().create_task(self.detokenizer.step(stepped))
             except LmFailed as exc:
                 detokenizing = await _stop(detokenizing)
-                self._lm_failed(exc)
+                await self._lm_failed(exc)
             except TokenizerFailed as exc:
                 detokenizing = await _stop(detokenizing)
                 await self._end_all(exc)
@@ -191,12 +214,21 @@ class ReplicaScheduler:
             elif request.deadline is not None and now > request.deadline:
                 self.waiting.remove(request)
                 request.fail(_deadline_error(request, "while it waited for a place in the batch"))
+        for prefilling in self.prefilling:
+            # A long prompt's prefill stops at its next chunk once nobody waits for it.
+            request = prefilling.request
+            if request.cancelled or (request.deadline is not None and now > request.deadline):
+                prefilling.task.cancel()
 
     async def _reshaped(self, batch_id: str, rows: list[Row]) -> tuple[str, list[Row]]:
         """`rows` without finished rows and with beams reordered, with one Filter call when anything changed."""
         keep, kept, cancelled = filter_plan(rows)
         for sequence in cancelled:
             sequence.emit_done()
+        if self.finished is not None:
+            for row in _leaving(rows, keep):
+                # The lm holds the prompt and every generated token but the last (never fed).
+                self.finished(self, row.request, [*row.request.prompt_ids, *row.generated[:-1]])
         if keep == list(range(len(rows))):
             return batch_id, kept
         if not keep:
@@ -208,11 +240,11 @@ class ReplicaScheduler:
             return "", []
         return await self.lm.filter(batch_id, keep), kept
 
-    async def _admit(self) -> None:
-        """Prefill waiting requests while rows are free; their first tokens are picked here."""
-        used = len(self.batch.rows)
-        while self.waiting and used + self.waiting[0].rows <= self.max_rows:
-            if not self.kv.admits(self.waiting, self.batch.all_rows()):
+    def _admit(self) -> None:
+        """Start the prefills of waiting requests while rows and KV are free (first come, first served)."""
+        used = len(self.batch) + sum(p.request.rows for p in self.prefilling)
+        while self.waiting and len(self.prefilling) < MAX_PREFILLS and used + self.waiting[0].rows <= self.max_rows:
+            if not self.kv.admits(self.waiting, self.batch.all_rows(), [p.request for p in self.prefilling]):
                 break  # it waits at the head until rows leave; those behind it wait too
             request = self.waiting.popleft()
             if request.cancelled:
@@ -223,47 +255,82 @@ class ReplicaScheduler:
                 continue
             request.admitted = time.monotonic()
             metrics.QUEUE_TIME.labels(self.model.name).observe(request.admitted - request.arrival)
-            self.admitting = request
             try:
-                with request_id_scope(request.request_id):
-                    used += await self._prefill(request)
+                rows = request_rows(request, self.model_info, self.mask_in_lm)
+            except MuestraError as exc:
+                request.fail(exc)
+                continue
+            task = asyncio.get_running_loop().create_task(self._prefill(request, rows))
+            task.add_done_callback(lambda _: self.wake.set())
+            self.prefilling.append(Prefilling(request, rows, task))
+            used += request.rows
+
+    async def _prefill(self, request: GenerationRequest, rows: list[Row]) -> lm_pb2.PrefillResponse:
+        """The request's prefix lookup and Prefill, beside the step loop: a batch of its own, held by the lm."""
+        with request_id_scope(request.request_id):
+            kind = rows[0].sampling.output_kind if isinstance(rows[0], Sequence) else lm_pb2.LOGITS
+            prefix_cache = self.model.prefix_cache if request.prefix_cache else None
+            prefix = None
+            if prefix_cache is not None:
+                with self.progress.waiting_for("Redis prefix lookup"):
+                    prefix = await prefix_cache.prefix_blocks(request.prompt_ids)
+            request.attempts += 1
+            row = lm_pb2.PrefillRow(
+                request_id=request.request_id,
+                input_ids=request.prompt_ids,
+                output=lm_pb2.OutputSpec(kind=kind, allowed_tokens=allowed_tokens(rows[0])),
+                prefix=prefix,
+                suppressed_token_ids=request.suppressed_token_ids,
+            )
+            return await self.lm.prefill(lm_pb2.PrefillRequest(rows=[row]))
+
+    async def _prefill_or_wake(self) -> None:
+        """Wait until a prefill is done or the loop is woken (a new request, a cancel)."""
+        self.wake.clear()
+        if any(p.task.done() for p in self.prefilling):
+            return
+        woken = asyncio.ensure_future(self.wake.wait())
+        try:
+            await asyncio.wait([woken, *(p.task for p in self.prefilling)], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+
+    async def _join_prefilled(self) -> None:
+        """Requests whose prefill is done take their first tokens and join the batch at the next step (a short
+        prompt admitted after a long one need not wait for it); a failed prefill fails its request (or, when the
+        replica failed, everything here)."""
+        for prefilling in [p for p in self.prefilling if p.task.done()]:
+            self.prefilling.remove(prefilling)
+            request = prefilling.request
+            if prefilling.task.cancelled():  # by _expire
+                if request.cancelled:
+                    request.out.put_nowait(None)
+                else:
+                    request.fail(_deadline_error(request, "during its prefill"))
+                continue
+            try:
+                reply = prefilling.task.result()
             except LmFailed as exc:
                 self._move_or_fail(request, exc)
                 raise
-            except TokenizerFailed as exc:
-                request.fail(exc)
-                raise
             except MuestraError as exc:
                 request.fail(exc)
-            finally:
-                self.admitting = None
+                continue
+            with request_id_scope(request.request_id):
+                await self._join(request, prefilling.rows, reply)
             self.progress.moved()
 
-    async def _prefill(self, request: GenerationRequest) -> int:
-        """Prefill one request into a batch of its own (joining the running one); the rows it still occupies."""
-        rows = request_rows(request, self.model_info, self.mask_in_lm)
-        kind = rows[0].sampling.output_kind if isinstance(rows[0], Sequence) else lm_pb2.LOGITS
-        prefix_cache = self.model.prefix_cache if request.prefix_cache else None
-        prefix = None
-        if prefix_cache is not None:
-            with self.progress.waiting_for("Redis prefix lookup"):
-                prefix = await prefix_cache.prefix_blocks(request.prompt_ids)
-        request.attempts += 1
-        row = lm_pb2.PrefillRow(
-            request_id=request.request_id,
-            input_ids=request.prompt_ids,
-            output=lm_pb2.OutputSpec(kind=kind, allowed_tokens=allowed_tokens(rows[0])),
-            prefix=prefix,
-            suppressed_token_ids=request.suppressed_token_ids,
-        )
-        reply = await self.lm.prefill(lm_pb2.PrefillRequest(rows=[row]))
+    async def _join(self, request: GenerationRequest, rows: list[Row], reply: lm_pb2.PrefillResponse) -> None:
+        """A prefilled request's batch joins the running one at the next step, once its first tokens are taken."""
         if request.deadline is not None and time.monotonic() > request.deadline:
             # Its own deadline passed during the prefill: that request fails alone, and its batch goes.
             await self.lm.clear([reply.batch_id])
-            raise _deadline_error(request, "during its prefill")
+            request.fail(_deadline_error(request, "during its prefill"))
+            return
         request.cached_tokens = reply.output.rows[0].cached_tokens
+        prefix_cache = self.model.prefix_cache if request.prefix_cache else None
         if prefix_cache is not None:
-            prefix_cache.record_hit(request.cached_tokens)
+            prefix_cache.record_hit(request.cached_tokens, reply.output.rows[0].cache_tier)
         logits = logits_matrix(reply.output)
         argmax = reply.output.rows[0].argmax
         joining = Joining(reply.batch_id)
@@ -279,7 +346,6 @@ class ReplicaScheduler:
         joining.batch_id, joining.rows = await self._reshaped(joining.batch_id, rows)
         if not joining.rows:
             self.batch.joining.remove(joining)
-        return len(joining.rows)
 
     async def _decode(self) -> lm_pb2.DecodeResponse:
         # Rows with constraints send their kinds (which change on forced tokens) and, when the lm applies
@@ -287,9 +353,11 @@ class ReplicaScheduler:
         every = self.batch.all_rows()
         masked = any(isinstance(r, Sequence) and r.sampling.constraint is not None for r in every)
         tokens = tokens_per_row(every)
-        # A request that could join now (one that arrived during admission) should not wait for a burst.
+        # A request that could join now (one that arrived during admission, or one being prefilled) should not
+        # wait for a burst.
+        pending = [p.request for p in self.prefilling]
         joinable = bool(self.waiting) and len(every) + self.waiting[0].rows <= self.max_rows
-        joinable = joinable and self.kv.fits(self.waiting[0], every)
+        joinable = bool(pending) or (joinable and self.kv.fits(self.waiting[0], every, pending))
         drafted = 0
         if tokens == 1:  # several tokens per row are a lone row's forced ones, never drafted
             drafted = await self.speculation.draft(every, self.replica.max_draft_tokens, self.model.context_length)
@@ -341,15 +409,16 @@ class ReplicaScheduler:
         exc = task.exception()
         log.error("the scheduler of %s stopped", self.name, exc_info=exc)
         error = MuestraError(f"internal error in the gateway's scheduler for {self.name}")
-        for request in [*self.batch.requests(), *self.waiting]:
+        for request in [*self.batch.requests(), *self._stop_prefills(), *self.waiting]:
             request.fail(error)
         self.batch.drop()
         self.waiting.clear()
         self.lm.close()
 
-    def _lm_failed(self, exc: LmFailed) -> None:
+    async def _lm_failed(self, exc: LmFailed) -> None:
         """The replica's batches are gone: move what has streamed nothing, fail the rest, leave the rotation."""
-        in_flight = self.batch.requests()
+        prefilling, _ = await self._end_prefills()  # the lm frees them: the lease's stream breaks below
+        in_flight = [*self.batch.requests(), *prefilling]
         log.warning("%s; %d request(s) in flight there", exc, len(in_flight))
         self.batch.drop()
         self.lm.close()
@@ -357,6 +426,26 @@ class ReplicaScheduler:
             self._move_or_fail(request, exc)
         if self.out_of_rotation is not None:
             self.out_of_rotation(self)
+
+    def _stop_prefills(self) -> list[GenerationRequest]:
+        """Cancel every prefill in flight (the lm frees what a cancelled Prefill made); their requests."""
+        stopped, self.prefilling = self.prefilling, []
+        for prefilling in stopped:
+            prefilling.task.cancel()
+        return [p.request for p in stopped]
+
+    async def _end_prefills(self) -> tuple[list[GenerationRequest], list[str]]:
+        """_stop_prefills, waiting for the tasks to end; their requests, and the batches of prefills that were
+        done already (for the caller to free). Each task's outcome is retrieved: the caller handles it."""
+        tasks = [p.task for p in self.prefilling]
+        requests = self._stop_prefills()
+        made = []
+        if tasks:
+            await asyncio.wait(tasks)
+            for task in tasks:
+                if not task.cancelled() and task.exception() is None:
+                    made.append(task.result().batch_id)
+        return requests, made
 
     def _move_or_fail(self, request: GenerationRequest, exc: LmFailed) -> None:
         if request.cancelled:
@@ -370,26 +459,37 @@ class ReplicaScheduler:
 
     def shut_down(self) -> None:
         """The gateway's grace period is ending: fail what is in flight or waiting, each with its seed."""
-        admitting = [self.admitting] if self.admitting is not None else []
-        for request in [*admitting, *self.batch.requests(), *self.waiting]:
+        for request in [*self._stop_prefills(), *self.batch.requests(), *self.waiting]:
             request.fail(Unavailable(f"the gateway is shutting down; retry with seed {request.seed} for the same text"))
         self.waiting.clear()
         self.wake.set()
 
     async def _end_all(self, exc: MuestraError) -> None:
         """End every request in flight or waiting with `exc`, and free their batches on the lm."""
-        in_flight = self.batch.requests()
+        prefilling, made = await self._end_prefills()
+        in_flight = [*self.batch.requests(), *prefilling]
         log.warning("%s; ending %d request(s) in flight and %d waiting", exc, len(in_flight), len(self.waiting))
         for request in in_flight:
             request.fail(exc)
         while self.waiting:
             self.waiting.popleft().fail(exc)
-        batch_ids = self.batch.drop()
+        batch_ids = [*self.batch.drop(), *made]
         if batch_ids:
             try:
                 await self.lm.clear(batch_ids)
             except LmFailed as failed:
                 log.warning("freeing the batches of failed requests: %s", failed)
+
+
+def _leaving(rows: list[Row], keep: list[int]) -> list[Sequence]:
+    """The first completion of each request whose row leaves the batch now (its KV then stays in the lm's hot
+    tier), once it generated something."""
+    kept = set(keep)
+    return [
+        row
+        for i, row in enumerate(rows)
+        if i not in kept and isinstance(row, Sequence) and row.index == 0 and row.generated
+    ]
 
 
 def _deadline_error(request: GenerationRequest, when: str) -> DeadlineExceeded:

@@ -6,6 +6,7 @@ error the gateway raises (say on `samplers[1].params.top_p`) names what the clie
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -68,6 +69,13 @@ def sampler_chain(body) -> tuple[list[dict], dict[str, str]]:
     return chain, {f"samplers[{i}]": name for i, name in enumerate(steps)}
 
 
+def _routing_hint(body) -> str:
+    """OpenAI's prompt_cache_key, else the end user's id (any length: a long one goes by its digest)."""
+    if body.prompt_cache_key or not body.user:
+        return body.prompt_cache_key or ""
+    return body.user if len(body.user) <= 64 else hashlib.blake2b(body.user.encode(), digest_size=16).hexdigest()
+
+
 def _base_request(body, max_tokens: int, logprobs: bool, top_logprobs: int) -> gateway_pb2.GenerateRequest:
     chain, _ = sampler_chain(body)
     request = gateway_pb2.GenerateRequest(
@@ -81,6 +89,7 @@ def _base_request(body, max_tokens: int, logprobs: bool, top_logprobs: int) -> g
         ignore_eos=body.ignore_eos,
         allow_special_tokens=body.allow_special_tokens,
         include_stop_str_in_output=body.include_stop_str_in_output,
+        prompt_cache_key=_routing_hint(body),
     )
     if body.seed is not None:
         request.seed = body.seed

@@ -124,6 +124,8 @@ class _TextBody(_Body):
     logit_bias: dict[str, float] | None = None
     max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     user: str | None = None
+    # Requests sharing it go to the lm replica that holds their cached KV (when no replica is known to hold more).
+    prompt_cache_key: str | None = Field(None, max_length=256)
     # muestra extensions (vLLM spells the shared ones the same way).
     top_k: int | None = None
     min_p: float | None = None

@@ -19,7 +19,7 @@ from muestra.v1 import gateway_pb2, gateway_pb2_grpc
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 ROW = re.compile(
     r"^\| `(muestra_[a-z0-9_]+)` \| (counter|gauge|histogram) \| (\w+) \| "
-    r"(requests|load|faults|fixed|no-redis|drafts) \|"
+    r"(requests|load|faults|fixed|no-redis|drafts|hot) \|"
 )
 # A long prompt, sent twice: its full blocks are cached after the first time.
 LONG_PROMPT = " ".join(f"def f{i}(x): return x + {i}" for i in range(40))
@@ -160,3 +160,5 @@ def test_every_documented_metric_moves_as_documented_and_gauges_return_to_idle(o
                 assert level(after[where], name) > 0, f"{name} is not set on {where}"
             elif moves == "drafts":
                 assert level(after[where], name) == level(before[where], name), f"{name} moved on the int8 fixture"
+            elif moves == "hot":
+                assert level(after[where], name) == level(before[where], name), f"{name} moved with the hot tier off"

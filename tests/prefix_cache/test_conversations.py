@@ -14,6 +14,7 @@ from muestra.runtime.prefix_hash import block_hashes
 from muestra.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, lm_pb2, lm_pb2_grpc
 from tests.fixtures.default_model import default_model_or_skip
 from tests.fixtures.prefix_cache import wait_until
+from tests.observability.test_metrics import documented, level, scrape
 from tests.reliability.test_failover import all_replicas_up, run
 
 BLOCK = 32  # the gateway's default --prefix-cache-block-size
@@ -23,7 +24,9 @@ SYSTEM = "You are a helpful assistant. Answer in one or two sentences."
 @pytest.fixture(scope="module")
 def chat_stack(tmp_path_factory):
     folder = default_model_or_skip()
-    stack = LocalStack(tmp_path_factory.mktemp("conversations"), lm_replicas=2, text_model=folder, image_model=None)
+    stack = LocalStack(
+        tmp_path_factory.mktemp("conversations"), lm_replicas=2, text_model=folder, image_model=None, metrics=True
+    )
     yield stack
     stack.close()
 
@@ -94,6 +97,25 @@ def test_each_turn_reuses_the_whole_previous_turn_on_one_replica_with_the_tokens
             assert done.replica == previous.replica  # the conversation returns to the replica that holds it
         previous = done
         messages.append(("assistant", text))
+
+
+def test_the_hot_tier_metrics_move_as_documented(chat_stack, stub):
+    """The `hot` rows of docs/metrics.md (the observability stack runs its lm without a hot tier): on the replica
+    that served a turn, the tier keeps the finished row and the next turn hits it."""
+    rows = [name for name, (_, service, moves) in documented().items() if moves == "hot" and service == "lm"]
+    assert len(rows) == 3
+    messages = [("system", SYSTEM), ("user", "Name three colours.")]
+    before = {lm.address: scrape(lm, chat_stack.internal_token) for lm in chat_stack.lm}
+    _, text, done = ask(stub, messages)
+    _, _, hit = ask(stub, [*messages, ("assistant", text), ("user", "And three more?")])
+    lm = next(lm for lm in chat_stack.lm if lm.address == done.replica)
+    after = scrape(lm, chat_stack.internal_token)
+    for name in rows:
+        assert level(after, name) > level(before[lm.address], name), f"{name} did not move"
+    hot = "muestra_lm_prefix_cache_tier_hits_total"
+    hits = {s[1]["tier"]: s[2] for s in after[hot]["samples"] if s[0] == hot}
+    was = {s[1]["tier"]: s[2] for s in before[lm.address][hot]["samples"] if s[0] == hot}
+    assert hits["hot"] - was.get("hot", 0) == hit.usage.cached_tokens > 0
 
 
 def replicas_up(stack: LocalStack) -> None:

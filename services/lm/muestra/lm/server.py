@@ -83,7 +83,8 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         self.engine = engine
         # A one-row prompt longer than this is prefilled in chunks of it (0: in one forward).
         self.prefill_chunk_tokens = prefill_chunk_tokens
-        # Held by the chunked prefill whose chunk is queued or running on the model thread.
+        # Held by the prefill whose forward (or chunk) is queued or running on the model thread: decode steps
+        # never queue behind more than one.
         self._chunk_turn = asyncio.Lock()
         self.batch_idle_s = batch_idle_s
         # Open BatchSteps streams per lease: a lease's batches go when its last stream breaks.
@@ -173,14 +174,16 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         if len(rows) == 1 and 0 < chunk < rows[0].input_ids.size:
             result, output, kv, lengths = await self._chunked_prefill(rows[0], lease)
         else:
-            # A caller that leaves mid-prefill (its deadline, a cancel) never learns the new batch's id: the
-            # batch is freed as soon as the model thread has made it, instead of idling until batch_idle_s.
-            job = asyncio.ensure_future(self._on_model_thread(self._prefill, rows, lease))
-            try:
-                result, output, kv, lengths = await asyncio.shield(job)
-            except asyncio.CancelledError:
-                job.add_done_callback(lambda done: self._free_abandoned(done, lease))
-                raise
+            # One prefill's forward at a time waits for the model thread (decode steps go first), as chunks do.
+            async with self._chunk_turn:
+                # A caller that leaves mid-prefill (its deadline, a cancel) never learns the new batch's id: the
+                # batch is freed as soon as the model thread has made it, instead of idling until batch_idle_s.
+                job = asyncio.ensure_future(self._on_model_thread(self._prefill, rows, lease))
+                try:
+                    result, output, kv, lengths = await asyncio.shield(job)
+                except asyncio.CancelledError:
+                    job.add_done_callback(lambda done: self._free_abandoned(done, lease))
+                    raise
         metrics.PREFILL_SECONDS.observe(result.forward_us / 1e6)
         metrics.PREFILL_TOKENS.observe(sum(row.input_ids.size for row in rows))
         writes = []

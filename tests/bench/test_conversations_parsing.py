@@ -28,12 +28,14 @@ def test_the_largest_gap_is_the_one_that_overlaps_the_window():
 
 
 def test_a_user_is_the_same_for_the_same_seed_and_distinct_from_the_others():
-    assert user_script(0, 0, 3) == user_script(0, 0, 3)
-    scripts = [user_script(0, 0, u) for u in range(16)]
+    assert user_script(0, 0, 3, "s") == user_script(0, 0, 3, "s")
+    scripts = [user_script(0, 0, u, "s") for u in range(16)]
     assert len({s["system"] for s in scripts}) == 16
-    assert user_script(1, 0, 3)["think_s"] != user_script(0, 0, 3)["think_s"]
+    assert user_script(1, 0, 3, "s")["think_s"] != user_script(0, 0, 3, "s")["think_s"]
     assert all(0.5 <= t <= 2.0 for s in scripts for t in s["think_s"])
     assert all(len(s["turns"]) == len(USER_TURNS) for s in scripts)
+    again = user_script(0, 0, 3, "again")  # a repeated round: the same user under another session tag
+    assert again["think_s"] == user_script(0, 0, 3, "s")["think_s"] and again["system"].startswith("Session again-3.")
 
 
 def test_many_users_figures_pool_every_user_and_round_per_turn():

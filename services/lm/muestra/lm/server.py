@@ -226,6 +226,10 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 else:
                     step.add_done_callback(lambda _: asyncio.get_running_loop().create_task(self._abandon(job)))
             raise
+        except Exception:
+            if job is not None:  # a chunk failed: its reservation (or its batch) goes with the call
+                await self._abandon(job)
+            raise
 
     def _prefill_chunk(self, job):
         """One chunk on the model thread; after the last, what _prefill returns."""

@@ -171,6 +171,7 @@ class ReplicaScheduler:
                     await self.wake.wait()
                 self._expire()
                 self.batch.batch_id, self.batch.rows = await self._reshaped(self.batch.batch_id, self.batch.rows)
+                self.wake.clear()  # what arrives from now on wakes _prefill_or_wake
                 self._admit()
                 await self._join_prefilled()
                 if not self.batch.rows and not self.batch.joining:
@@ -285,9 +286,8 @@ class ReplicaScheduler:
             return await self.lm.prefill(lm_pb2.PrefillRequest(rows=[row]))
 
     async def _prefill_or_wake(self) -> None:
-        """Wait until a prefill is done or the loop is woken (a new request, a cancel)."""
-        self.wake.clear()
-        if any(p.task.done() for p in self.prefilling):
+        """Wait until a prefill is done or the loop is woken (a new request, a cancel) since its last admission."""
+        if self.wake.is_set() or any(p.task.done() for p in self.prefilling):
             return
         woken = asyncio.ensure_future(self.wake.wait())
         try:

@@ -54,3 +54,22 @@ def test_requests_not_yet_streaming_move_to_a_live_replica_when_one_dies(two_rep
         results = list(pool.map(lambda p: complete(gateway.address, p), prompts))
     assert all(error == "" and tokens == 4 for _, error, tokens in results), results
     assert {replica for replica, _, _ in results} == {alive.address}
+
+
+def test_a_sequence_goes_to_the_replica_holding_its_longest_prefix_else_to_its_key():
+    from muestra.gateway.generation.routing import SequenceAffinity
+
+    table = SequenceAffinity("fingerprint", block_size=4)
+    system = list(range(100, 110))
+    turn = [*system, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    table.record(table.keys(system), "a")  # a prompt sent to a
+    table.record(table.keys(turn), "b")  # a finished row on b holds the conversation so far
+    both = {"a", "b"}
+    assert table.holder(table.keys([*turn, 42, 43]), "", both) == "b"  # the next turn: b holds the most
+    assert table.holder(table.keys([*system, 77, 78, 79, 80]), "", both) == "b"  # b's row starts like a's
+    # A block remembers its latest replica only: with b out of rotation, the least-loaded replica takes it.
+    assert table.holder(table.keys([*turn, 42]), "", {"a"}) is None
+    table.record(table.keys([5, 5, 5]), "a", hint="user-1")
+    assert table.holder(table.keys([9, 9, 9, 9, 9, 9]), "user-1", both) == "a"  # nothing held: the key's
+    assert table.holder(table.keys([9, 9, 9, 9, 9, 9]), "user-2", both) is None  # nothing: least loaded
+    assert table.holder(table.keys([5, 5, 5]), "", both) == "a"  # shorter than a block: the whole prompt

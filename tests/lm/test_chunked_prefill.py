@@ -78,3 +78,26 @@ def test_decode_steps_of_other_rows_run_between_chunks_and_the_reservation_is_fr
     engine.prefill_chunk(job)
     engine.abandon_prefill(job)  # its caller left
     assert engine.load().kv_bytes == held
+
+
+def test_on_the_default_model_chunks_and_hits_of_two_or_more_tokens_give_the_bits_of_one_forward():
+    """Why a hit leaves two prompt tokens to run (prefix_cache.MIN_SUFFIX), and why chunking changes no bit: every
+    forward of several positions gives each position the same bits; a forward of one position does not."""
+    from muestra.lm.prefix_cache import MIN_SUFFIX
+    from tests.fixtures.default_model import default_model_or_skip
+
+    decoder = OnnxDecoder(default_model_or_skip(), providers="cpu", intra_op_threads=1, context_length=1024)
+    engine = Engine(decoder, max_batch_rows=8, kv_budget_bytes=1 << 30, max_top_n=8)
+    (prompt,) = (np.array(p) for p in prompts([300], 30000, seed=13))
+    whole = engine.prefill([PrefillInput("whole", prompt, FULL)])
+    for chunk in (128, 100):
+        result, _ = chunked(engine, PrefillInput("chunked", prompt, FULL), chunk)
+        assert np.array_equal(result.logits, whole.logits), chunk
+    held = engine.batches[whole.batch_id].kv.row_arrays(0, prompt.size)
+    differs = {}
+    for suffix in (1, MIN_SUFFIX, 7):
+        past = [np.array(a[:, : prompt.size - suffix]) for a in held]
+        hit = engine.prefill([PrefillInput("hit", prompt[-suffix:], FULL, past=past, history=prompt)])
+        differs[suffix] = float(np.abs(hit.logits - whole.logits).max())
+    assert differs[MIN_SUFFIX] == differs[7] == 0.0
+    assert differs[1] > 0  # the one-position forward: were it ever bitwise too, MIN_SUFFIX could be 1

@@ -48,7 +48,7 @@ def test_logits_after_a_cache_hit_equal_a_cold_prefill(redis_lm, redis_client, t
 @pytest.mark.parametrize("model", ["llama-concat", "llama"], ids=["concat-layout", "shared-buffer-layout"])
 def test_decoding_after_a_hit_continues_like_a_cold_row(redis_lm, redis_client, model):
     lm = redis_lm(model)
-    ids = random_prompt(5 * BLOCK + 1, seed=77)
+    ids = random_prompt(5 * BLOCK + 2, seed=77)
     _write_blocks(lm, redis_client, ids)
     _, cached, hit_batch = lm.prefill(ids, prefix_blocks(lm.fingerprint, ids))
     _, _, cold_batch = lm.prefill(ids)
@@ -64,13 +64,19 @@ def test_decoding_after_a_hit_continues_like_a_cold_row(redis_lm, redis_client, 
     lm.stub.Clear(lm_pb2.ClearRequest(batch_ids=[hit_batch, cold_batch]))
 
 
-def test_the_last_prompt_token_is_always_computed(redis_lm, redis_client):
+def test_a_hit_leaves_the_last_two_prompt_tokens_to_run(redis_lm, redis_client):
+    """A one-position forward rounds apart from a several-position one (prefix_cache.MIN_SUFFIX): a prompt whose
+    last full block ends one token before its end uses one block less."""
     lm = redis_lm("llama")
     ids = random_prompt(3 * BLOCK + 1, seed=5)  # 3 full blocks before the last token, none after
     cold = _write_blocks(lm, redis_client, ids)
     hit, cached = lm.prefill_once(ids, prefix_blocks(lm.fingerprint, ids))
-    assert cached == 3 * BLOCK == len(ids) - 1
+    assert cached == 2 * BLOCK
     assert np.abs(hit - cold).max() <= 1e-4
+    longer = [*ids, 7]
+    _write_blocks(lm, redis_client, longer)
+    _, cached = lm.prefill_once(longer, prefix_blocks(lm.fingerprint, longer))
+    assert cached == 3 * BLOCK == len(longer) - 2
 
 
 def test_the_hash_chain_is_the_documented_one(redis_lm):
@@ -201,7 +207,7 @@ def test_a_restarted_lm_hits_blocks_written_before_the_restart(tiny_lm, redis_se
 def test_another_model_never_reads_these_blocks(redis_lm, redis_client):
     llama, qwen = redis_lm("llama"), redis_lm("qwen2")
     assert llama.fingerprint != qwen.fingerprint
-    ids = random_prompt(4 * BLOCK + 1, seed=41)
+    ids = random_prompt(4 * BLOCK + 2, seed=41)
     _write_blocks(llama, redis_client, ids)
     llama_keys, qwen_keys = block_keys(llama.fingerprint, ids), block_keys(qwen.fingerprint, ids)
     assert not set(llama_keys) & set(qwen_keys)

@@ -53,6 +53,11 @@ _MAC_END = _MAC_AT + MAC_BYTES
 _DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2}
 # Writes waiting for the writer thread beyond this are dropped (each holds a prompt's KV alive).
 MAX_PENDING_WRITES = 16
+# A hit leaves at least this many prompt tokens to run. One token would run alone, and a one-position forward
+# rounds apart from a several-position one in the last bits (MatMulNBits' and the attention's one-row kernels);
+# with two or more, a hit's logits are bitwise those of prefilling the whole prompt (measured on the default
+# model and the tests' fixture), so a prompt gives the same bits whatever the cache holds of it.
+MIN_SUFFIX = 2
 # Block hashes whose sightings are counted (with min_sightings > 1), least recently seen dropped first.
 SIGHTINGS_KEPT = 1 << 16
 
@@ -91,6 +96,8 @@ class PrefixRequest:
     block_size: int
     cached_blocks: int
     write: bool
+    # The most leading blocks a hit may use (MIN_SUFFIX tokens are left to run).
+    usable_blocks: int = 0
 
 
 @dataclasses.dataclass
@@ -233,7 +240,8 @@ class PrefixCache:
                     f"{field}.block_hashes[{i}]",
                     "does not match the prompt's tokens (see docs/prefix_cache.md for the hash chain)",
                 )
-        return PrefixRequest(list(hashes), block_size, cached, write)
+        usable = min(len(hashes), max(ids.size - MIN_SUFFIX, 0) // block_size)
+        return PrefixRequest(list(hashes), block_size, cached, write, usable)
 
     def load(self, request: PrefixRequest) -> PrefixPlan:
         """Fetch and verify the leading blocks the caller found cached (one round trip); never raises."""
@@ -257,6 +265,7 @@ class PrefixCache:
         if corrupt:
             self._count_corrupt(len(corrupt))
         present = {i for i, v in enumerate(values) if v is not None} - corrupt
+        blocks = blocks[: request.usable_blocks]
         used = len(blocks)
         writes = [(i, i in corrupt) for i in range(used, len(hashes)) if i not in present] if request.write else []
         if writes and self.min_sightings > 1:

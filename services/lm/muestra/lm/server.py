@@ -16,7 +16,7 @@ from muestra.lm.config import LmConfig
 from muestra.lm.engine import DecodeInput, Engine, Load, PrefillInput, StepResult
 from muestra.lm.model import OnnxDecoder
 from muestra.lm.outputs import batch_output
-from muestra.lm.prefix_cache import PrefixCache, PrefixPlan
+from muestra.lm.prefix_cache import MIN_SUFFIX, PrefixCache, PrefixPlan
 from muestra.runtime import ServiceSpec
 from muestra.runtime.errors import InvalidArgument, check_limit
 from muestra.runtime.logs import joined_request_ids, request_id_scope, valid_request_id
@@ -265,8 +265,10 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 prefix.cached_blocks, prefix.write,
             )  # fmt: skip
             hot = self.engine.hot
-            resident, length = hot.longest(row.input_ids, row.input_ids.size - 1) if hot is not None else (None, 0)
-            if resident is not None and length >= max(checked.cached_blocks * checked.block_size, checked.block_size):
+            limit = row.input_ids.size - MIN_SUFFIX
+            resident, length = hot.longest(row.input_ids, limit) if hot is not None and limit > 0 else (None, 0)
+            shared = min(checked.cached_blocks, checked.usable_blocks) * checked.block_size
+            if resident is not None and length >= max(shared, checked.block_size):
                 pending.append(cache.from_hot(checked, resident, length))
             else:
                 pending.append(loop.run_in_executor(cache.read_pool, cache.load, checked))

@@ -268,13 +268,22 @@ async def chat_user(server: Server, script: dict) -> list[dict]:
     return turns
 
 
+async def gather_all(tasks: list[asyncio.Future]) -> list:
+    """The tasks' results; if one fails, the others are cancelled and reaped before its error is raised."""
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def many_users(server: Server, seed: int, round_: int, session: str, users: int = 16) -> dict:
     """(b): `users` conversations at once; every turn, and completion tokens/s over the whole run."""
     started = time.perf_counter()
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(chat_user(server, user_script(seed, round_, u, session))) for u in range(users)]
+    tasks = [asyncio.ensure_future(chat_user(server, user_script(seed, round_, u, session))) for u in range(users)]
+    conversations = await gather_all(tasks)
     seconds = time.perf_counter() - started
-    conversations = [task.result() for task in tasks]
     completion = sum(turn["completion_tokens"] for turns in conversations for turn in turns)
     tokens_per_s = completion / seconds
     return {"seconds": seconds, "completion_tokens": completion, "tokens_per_s": tokens_per_s, "users": conversations}
@@ -293,19 +302,24 @@ async def bystanders(server: Server, document: str, tag: str, streams: int = 3) 
     stop = asyncio.Event()
     times: list[list[float]] = [[] for _ in range(streams)]
     extra = {"ignore_eos": True}
-    async with asyncio.TaskGroup() as group:
-        for i in range(streams):
-            messages = [
-                {"role": "system", "content": f"Session {tag}-{i}. You are a storyteller."},
-                {"role": "user", "content": f"Write {BYSTANDER_TASKS[i % len(BYSTANDER_TASKS)]}."},
-            ]
-            group.create_task(stream_chat(server, messages, 2000, extra, times[i], stop))
+    tasks = []
+    for i in range(streams):
+        messages = [
+            {"role": "system", "content": f"Session {tag}-{i}. You are a storyteller."},
+            {"role": "user", "content": f"Write {BYSTANDER_TASKS[i % len(BYSTANDER_TASKS)]}."},
+        ]
+        tasks.append(asyncio.ensure_future(stream_chat(server, messages, 2000, extra, times[i], stop)))
+    try:
         while min(len(t) for t in times) < 16:  # every bystander decoding steadily first
+            if any(task.done() for task in tasks):
+                raise RuntimeError("a bystander ended before its 16th delta")  # gather_all raises its error first
             await asyncio.sleep(0.05)
         busy = await stream_chat(server, long_prompt(document, f"{tag}-busy"), 8, extra=server.no_cache)
         first = busy["sent"] + busy["ttft_s"]
         await asyncio.sleep(0.5)  # a few deltas after it, so the gap that ends the prefill is seen
+    finally:
         stop.set()
+        await gather_all(tasks)
     gap = max((largest_gap(t, busy["sent"], first) for t in times), key=lambda gap: gap[1] - gap[0])
     before = [b - a for t in times for a, b in itertools.pairwise(t) if b < busy["sent"]]
     return {
@@ -386,19 +400,26 @@ async def run_scenario(scenario: str, servers: list[Server], texts: dict, args) 
             for server in servers if round_ % 2 == 0 else servers[::-1]:
                 for attempt in range(args.retries + 1):
                     meter = CpuMeter(server.pids)
-                    result = await measure(scenario, server, args.seed, round_, texts, attempt)
+                    result, failure = None, None
+                    try:
+                        result = await measure(scenario, server, args.seed, round_, texts, attempt)
+                    except openai.APIError as error:  # a refused or broken request fails the attempt, not the run
+                        failure = f"{type(error).__name__}: {error}"
                     others = meter.read()
                     print(
-                        f"  ({scenario}) round {round_} {server.name} done in {others['wall_s']} s; other processes "
-                        f"took {others['foreign_cpu_s']} CPU-s ({others['foreign_share']:.0%} of the cores)",
+                        f"  ({scenario}) round {round_} {server.name} {'FAILED: ' + failure if failure else 'done'} in "
+                        f"{others['wall_s']} s; other processes took {others['foreign_cpu_s']} CPU-s "
+                        f"({others['foreign_share']:.0%} of the cores)",
                         flush=True,
                     )
                     await asyncio.sleep(2)  # let a closed stream's work drain before the next measurement
-                    if others["foreign_share"] <= args.max_foreign_share or attempt == args.retries:
+                    fair = others["foreign_share"] <= args.max_foreign_share
+                    if failure is None and (fair or attempt == args.retries):
+                        report["rounds"][server.name].append(result)
+                        report["cpu"][server.name].append(others)
                         break
-                    report["discarded"][server.name].append({"round": round_, "cpu": others, "result": result})
-                report["rounds"][server.name].append(result)
-                report["cpu"][server.name].append(others)
+                    discarded = {"round": round_, "cpu": others, "failure": failure, "result": result}
+                    report["discarded"][server.name].append(discarded)
     finally:
         for server in servers:
             await server.close()
@@ -498,12 +519,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per scenario; each server first in every other")
     parser.add_argument("--threads", type=int, default=2, help="llama-server -t and the lm's --intra-op-threads")
     parser.add_argument("--seed", type=int, default=0, help="seeds the users of (b) and every session tag")
-    parser.add_argument(
-        "--max-foreign-share",
-        type=float,
-        default=0.1,
-        help="run a round again if other processes took more of the cores",
-    )
+    parser.add_argument("--max-foreign-share", type=float, default=0.1, help="run a round again above it")
     parser.add_argument("--retries", type=int, default=3, help="most times one round is run again")
     parser.add_argument("--out", type=Path, default=None, help="write every figure here (JSON)")
     args = parser.parse_args()
@@ -542,7 +558,9 @@ def main() -> None:
                 if llama is not None:
                     llama.terminate()
             rounds = report["scenarios"][scenario]["rounds"]
-            summaries = {name: SUMMARIES[scenario](results) for name, results in rounds.items()}
+            summaries = {name: SUMMARIES[scenario](results) for name, results in rounds.items() if results}
+            for name in rounds.keys() - summaries.keys():
+                print(f"  ({scenario}) {name}: no round completed (see the JSON's discarded rounds)")
             report["scenarios"][scenario]["summary"] = summaries
             print_summary(scenario, summaries)
             for name, meters in report["scenarios"][scenario]["cpu"].items():

@@ -1,11 +1,13 @@
 """bench/conversations.py's pure parts: how a text is cut, how a bystander's gap is found, how (b)'s users and
-their figures come out (no server runs here)."""
+their figures come out, how a failed request stops its siblings (no server runs here)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from bench.conversations import USER_TURNS, cut_to_tokens, largest_gap, summarize_b, user_script
+from bench.conversations import USER_TURNS, cut_to_tokens, gather_all, largest_gap, summarize_b, user_script
 
 
 def test_a_text_is_cut_at_the_line_break_before_the_limit_token():
@@ -51,3 +53,17 @@ def test_many_users_figures_pool_every_user_and_round_per_turn():
     assert summary["per_turn"][8]["cached_tokens_mean"] == 70
     assert summary["ttft_p99_ms"] == 800.0
     assert summary["tokens_per_s"] == [12.3]
+
+
+def test_one_failed_task_cancels_the_others_and_its_error_is_raised():
+    async def run() -> bool:
+        async def fail():
+            await asyncio.sleep(0.01)
+            raise KeyError("ttft_s")
+
+        slow = asyncio.ensure_future(asyncio.sleep(60))
+        with pytest.raises(KeyError):
+            await gather_all([asyncio.ensure_future(fail()), slow])
+        return slow.cancelled()
+
+    assert asyncio.run(run())

@@ -316,8 +316,17 @@ class ReplicaScheduler:
             except MuestraError as exc:
                 request.fail(exc)
                 continue
-            with request_id_scope(request.request_id):
-                await self._join(request, prefilling.rows, reply)
+            try:
+                with request_id_scope(request.request_id):
+                    await self._join(request, prefilling.rows, reply)
+            except LmFailed as exc:  # its batch is gone with the replica: it moves if it streamed nothing
+                self._move_or_fail(request, exc)
+                raise
+            except TokenizerFailed as exc:
+                request.fail(exc)
+                raise
+            except MuestraError as exc:
+                request.fail(exc)
             self.progress.moved()
 
     async def _join(self, request: GenerationRequest, rows: list[Row], reply: lm_pb2.PrefillResponse) -> None:
@@ -335,15 +344,20 @@ class ReplicaScheduler:
         argmax = reply.output.rows[0].argmax
         joining = Joining(reply.batch_id)
         self.batch.joining.append(joining)  # from now on, a failure handler sees (and frees) this batch
-        if isinstance(rows[0], Sequence) and len(rows) > 1:
-            # n > 1: the completions share this prefill; Filter repeats its row.
-            joining.batch_id = await self.lm.filter(joining.batch_id, [0] * len(rows))
-        joining.rows = rows
-        index = [0] * len(rows) if logits is not None else [-1] * len(rows)
-        await self._accept(rows, logits, index, [argmax] * len(rows))
-        metrics.PREFILL_TIME.labels(self.model.name).observe(time.monotonic() - request.admitted)
-        await self.detokenizer.step(rows)
-        joining.batch_id, joining.rows = await self._reshaped(joining.batch_id, rows)
+        try:
+            if isinstance(rows[0], Sequence) and len(rows) > 1:
+                # n > 1: the completions share this prefill; Filter repeats its row.
+                joining.batch_id = await self.lm.filter(joining.batch_id, [0] * len(rows))
+            joining.rows = rows
+            index = [0] * len(rows) if logits is not None else [-1] * len(rows)
+            await self._accept(rows, logits, index, [argmax] * len(rows))
+            metrics.PREFILL_TIME.labels(self.model.name).observe(time.monotonic() - request.admitted)
+            await self.detokenizer.step(rows)
+            joining.batch_id, joining.rows = await self._reshaped(joining.batch_id, rows)
+        except LmFailed:
+            # The caller moves or fails this request; the replica's failure handler must not see it again.
+            self.batch.joining.remove(joining)
+            raise
         if not joining.rows:
             self.batch.joining.remove(joining)
 

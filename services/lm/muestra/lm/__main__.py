@@ -6,6 +6,7 @@ import sys
 
 from muestra.lm.config import LmConfig
 from muestra.lm.hot_tier import HotTier
+from muestra.lm.memory import keep_freed_memory
 from muestra.lm.model import ModelFolderError
 from muestra.lm.prefix_cache import open_prefix_cache
 from muestra.lm.server import load_engine, service_spec
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     if not config.model:
         raise SystemExit("muestra-lm: --model (or MUESTRA_LM_MODEL) is required")
     configure_logging("lm", config.log_level)
+    keep_freed_memory()
     try:
         engine = load_engine(config)
     except ModelFolderError as exc:

@@ -92,6 +92,19 @@ class Batch:
     def rows(self) -> int:
         return len(self.request_ids)
 
+    def row_kv(self, row: int, length: int) -> list[np.ndarray]:
+        """Row `row`'s KV of its first `length` positions, one [kv_heads, length, head_dim] view per tensor."""
+        return self.kv.row_arrays(row, length)
+
+    def rolled_back_copy(self, decoder: OnnxDecoder, drop: np.ndarray) -> Batch:
+        """A copy without each row's last drop[i] tokens (the original stays until the step has succeeded)."""
+        if not np.asarray(drop).any():
+            return self
+        # Its ids are its own too: the step writes the new ones where the original's rejected drafts are.
+        copy = dataclasses.replace(self, tokens=self.tokens.copy(), _suppressed_at=None)
+        copy.rollback(decoder, drop)
+        return copy
+
     def row_ids(self, row: int) -> np.ndarray:
         """The ids whose KV row `row` holds (a view)."""
         return self.tokens[row, : int(self.lengths[row])]

@@ -20,6 +20,7 @@ import numpy as np
 
 from muestra.lm.batch import NO_IDS, Batch, OutputSpec, RowCache
 from muestra.lm.hot_tier import HotTier, Resident
+from muestra.lm.lanes import Lanes, join
 from muestra.lm.model import OnnxDecoder
 from muestra.runtime.errors import InvalidArgument, ResourceExhausted, check_limit
 from muestra.v1 import lm_pb2
@@ -127,7 +128,7 @@ class Engine:
         # Why this graph cannot verify drafts ("" when it can); then it takes none.
         self.drafts_refused = why_drafts_are_refused(decoder)
         self.max_draft_tokens = 0 if self.drafts_refused else max_draft_tokens
-        self.batches: dict[str, Batch] = {}
+        self.batches: dict[str, Batch | Lanes] = {}
         self._sizes: dict[str, tuple[int, int]] = {}
         # batch id -> (lease, time.monotonic() of its last use)
         self._leases: dict[str, tuple[str, float]] = {}
@@ -193,7 +194,7 @@ class Engine:
                 ids.extend(batch.request_ids)
         return ids
 
-    def _batch(self, field: str, batch_id: str, lease: str) -> Batch:
+    def _batch(self, field: str, batch_id: str, lease: str) -> Batch | Lanes:
         batch = self.batches.get(batch_id)
         # Another lease's batch is as unknown to this caller as a freed one.
         if batch is None or self._leases[batch_id][0] != lease:
@@ -232,7 +233,7 @@ class Engine:
             length = int(batch.lengths[row])
             if cache is None or length < cache.block_size:
                 continue
-            ids, kv = batch.row_ids(row), batch.kv.row_arrays(row, length)
+            ids, kv = batch.row_ids(row), batch.row_kv(row, length)
             if self.hot is not None:
                 resident = self.hot.keep(ids, kv, cache.block_size, cache.stored_blocks)
                 self._make_room(self._kv_bytes + self._pending_bytes)
@@ -414,7 +415,8 @@ class Engine:
 
         # Rolled back and joined copies replace the originals only once the step has succeeded.
         batches = [_rolled_back(self.decoder, item, b) for item, b in zip(items, batches, strict=True)]
-        batch = batches[0] if len(batches) == 1 else Batch.concatenate(self.decoder, batches)
+        # Rows far longer than their neighbours keep a buffer (a lane) of their own rather than pad them all.
+        batch = batches[0] if len(batches) == 1 else join(self.decoder, batches)
         next_ids = np.concatenate([item.next_ids for item in items]).reshape(rows, tokens_per_row)
         if drafts is not None:
             result = self._verify(batch, next_ids[:, 0], drafts, specs, allowed)
@@ -596,11 +598,8 @@ def _draft_counts(item: DecodeInput, batch: Batch) -> np.ndarray:
     return np.array([d.size for d in item.drafts], dtype=np.int64)
 
 
-def _rolled_back(decoder: OnnxDecoder, item: DecodeInput, batch: Batch) -> Batch:
+def _rolled_back(decoder: OnnxDecoder, item: DecodeInput, batch: Batch | Lanes) -> Batch | Lanes:
     """The batch without the tokens its caller rejected: a copy (the original stays until the step succeeded)."""
     if item.rollback is None or not item.rollback.any():
         return batch
-    # Its ids are its own too: the step writes the new ones where the original's rejected drafts are.
-    copy = dataclasses.replace(batch, tokens=batch.tokens.copy(), _suppressed_at=None)
-    copy.rollback(decoder, item.rollback)
-    return copy
+    return batch.rolled_back_copy(decoder, item.rollback)

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from muestra.v1 import common_pb2 as muestra_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13muestra/v1/lm.proto\x12\nmuestra.v1\x1a\x17muestra/v1/common.proto\"\x16\n\x14\x44\x65scribeModelRequest\"y\n\x08KvLayout\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\r\x12\x10\n\x08head_dim\x18\x03 \x01(\r\x12 \n\x05\x64type\x18\x04 \x01(\x0e\x32\x11.muestra.v1.DType\x12\x0f\n\x07storage\x18\x05 \x01(\t\"W\n\x0bServiceLoad\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\r\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x10\n\x08kv_bytes\x18\x03 \x01(\x04\x12\x17\n\x0fkv_budget_bytes\x18\x04 \x01(\x04\"\xc6\x02\n\x15\x44\x65scribeModelResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x11\n\tproviders\x18\x06 \x03(\t\x12 \n\x02kv\x18\x07 \x01(\x0b\x32\x14.muestra.v1.KvLayout\x12%\n\x04load\x18\x08 \x01(\x0b\x32\x17.muestra.v1.ServiceLoad\x12\x16\n\x0emax_batch_rows\x18\t \x01(\r\x12\x1e\n\x16generation_config_json\x18\n \x01(\t\x12\x18\n\x10max_greedy_steps\x18\x0b \x01(\r\x12\x18\n\x10max_draft_tokens\x18\x0c \x01(\r\"Y\n\nOutputSpec\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.muestra.v1.OutputKind\x12\r\n\x05top_n\x18\x02 \x01(\r\x12\x16\n\x0e\x61llowed_tokens\x18\x03 \x01(\x0c\"^\n\x0cPrefixBlocks\x12\x12\n\nblock_size\x18\x01 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x15\n\rcached_blocks\x18\x03 \x01(\r\x12\r\n\x05write\x18\x04 \x01(\x08\"\xa3\x01\n\nPrefillRow\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tinput_ids\x18\x02 \x03(\r\x12&\n\x06output\x18\x03 \x01(\x0b\x32\x16.muestra.v1.OutputSpec\x12(\n\x06prefix\x18\x04 \x01(\x0b\x32\x18.muestra.v1.PrefixBlocks\x12\x1c\n\x14suppressed_token_ids\x18\x05 \x03(\r\"6\n\x0ePrefillRequest\x12$\n\x04rows\x18\x01 \x03(\x0b\x32\x16.muestra.v1.PrefillRow\"V\n\x0b\x42\x61tchOutput\x12\"\n\x06logits\x18\x01 \x01(\x0b\x32\x12.muestra.v1.Tensor\x12#\n\x04rows\x18\x02 \x03(\x0b\x32\x15.muestra.v1.RowOutput\"\xd2\x01\n\tRowOutput\x12\x12\n\nlogits_row\x18\x01 \x01(\x05\x12\x0e\n\x06\x61rgmax\x18\x02 \x01(\r\x12\x0f\n\x07top_ids\x18\x03 \x03(\r\x12\x12\n\ntop_logits\x18\x04 \x03(\x02\x12\x11\n\tlogsumexp\x18\x05 \x01(\x02\x12\x15\n\rcached_tokens\x18\x06 \x01(\r\x12\x12\n\ngreedy_ids\x18\x07 \x03(\r\x12\x11\n\tpositions\x18\x08 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_drafts\x18\t \x01(\r\x12\x12\n\ncache_tier\x18\n \x01(\t\".\n\x06Timing\x12\x12\n\nforward_us\x18\x01 \x01(\x04\x12\x10\n\x08total_us\x18\x02 \x01(\x04\"p\n\x0fPrefillResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\'\n\x06output\x18\x02 \x01(\x0b\x32\x17.muestra.v1.BatchOutput\x12\"\n\x06timing\x18\x03 \x01(\x0b\x32\x12.muestra.v1.Timing\"\x96\x01\n\x0b\x44\x65\x63odeBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x10\n\x08next_ids\x18\x02 \x03(\r\x12\'\n\x07outputs\x18\x03 \x03(\x0b\x32\x16.muestra.v1.OutputSpec\x12\x15\n\rdraft_lengths\x18\x04 \x03(\r\x12\x11\n\tdraft_ids\x18\x05 \x03(\r\x12\x10\n\x08rollback\x18\x06 \x03(\r\"\x7f\n\rDecodeRequest\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.muestra.v1.DecodeBatch\x12\x16\n\x0etokens_per_row\x18\x02 \x01(\r\x12\x14\n\x0cgreedy_steps\x18\x03 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\"o\n\x0e\x44\x65\x63odeResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\'\n\x06output\x18\x02 \x01(\x0b\x32\x17.muestra.v1.BatchOutput\x12\"\n\x06timing\x18\x03 \x01(\x0b\x32\x12.muestra.v1.Timing\"/\n\rFilterRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x03(\r\"4\n\x0e\x46ilterResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x10\n\x08num_rows\x18\x02 \x01(\r\"!\n\x0c\x43learRequest\x12\x11\n\tbatch_ids\x18\x01 \x03(\t\"6\n\rClearResponse\x12%\n\x04load\x18\x01 \x01(\x0b\x32\x17.muestra.v1.ServiceLoad\"\x9f\x01\n\x10\x42\x61tchStepRequest\x12+\n\x06\x64\x65\x63ode\x18\x01 \x01(\x0b\x32\x19.muestra.v1.DecodeRequestH\x00\x12+\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x19.muestra.v1.FilterRequestH\x00\x12)\n\x05\x63lear\x18\x03 \x01(\x0b\x32\x18.muestra.v1.ClearRequestH\x00\x42\x06\n\x04step\"\xa3\x01\n\x11\x42\x61tchStepResponse\x12,\n\x06\x64\x65\x63ode\x18\x01 \x01(\x0b\x32\x1a.muestra.v1.DecodeResponseH\x00\x12,\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x1a.muestra.v1.FilterResponseH\x00\x12*\n\x05\x63lear\x18\x03 \x01(\x0b\x32\x19.muestra.v1.ClearResponseH\x00\x42\x06\n\x04step*L\n\nOutputKind\x12\x1b\n\x17OUTPUT_KIND_UNSPECIFIED\x10\x00\x12\n\n\x06LOGITS\x10\x01\x12\t\n\x05TOP_N\x10\x02\x12\n\n\x06\x41RGMAX\x10\x03\x32\xb3\x03\n\rLanguageModel\x12O\n\x08\x44\x65scribe\x12 .muestra.v1.DescribeModelRequest\x1a!.muestra.v1.DescribeModelResponse\x12\x42\n\x07Prefill\x12\x1a.muestra.v1.PrefillRequest\x1a\x1b.muestra.v1.PrefillResponse\x12?\n\x06\x44\x65\x63ode\x12\x19.muestra.v1.DecodeRequest\x1a\x1a.muestra.v1.DecodeResponse\x12M\n\nBatchSteps\x12\x1c.muestra.v1.BatchStepRequest\x1a\x1d.muestra.v1.BatchStepResponse(\x01\x30\x01\x12?\n\x06\x46ilter\x12\x19.muestra.v1.FilterRequest\x1a\x1a.muestra.v1.FilterResponse\x12<\n\x05\x43lear\x12\x18.muestra.v1.ClearRequest\x1a\x19.muestra.v1.ClearResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13muestra/v1/lm.proto\x12\nmuestra.v1\x1a\x17muestra/v1/common.proto\"\x16\n\x14\x44\x65scribeModelRequest\"y\n\x08KvLayout\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\r\x12\x10\n\x08head_dim\x18\x03 \x01(\r\x12 \n\x05\x64type\x18\x04 \x01(\x0e\x32\x11.muestra.v1.DType\x12\x0f\n\x07storage\x18\x05 \x01(\t\"W\n\x0bServiceLoad\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\r\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x10\n\x08kv_bytes\x18\x03 \x01(\x04\x12\x17\n\x0fkv_budget_bytes\x18\x04 \x01(\x04\"\xc6\x02\n\x15\x44\x65scribeModelResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x11\n\tproviders\x18\x06 \x03(\t\x12 \n\x02kv\x18\x07 \x01(\x0b\x32\x14.muestra.v1.KvLayout\x12%\n\x04load\x18\x08 \x01(\x0b\x32\x17.muestra.v1.ServiceLoad\x12\x16\n\x0emax_batch_rows\x18\t \x01(\r\x12\x1e\n\x16generation_config_json\x18\n \x01(\t\x12\x18\n\x10max_greedy_steps\x18\x0b \x01(\r\x12\x18\n\x10max_draft_tokens\x18\x0c \x01(\r\"Y\n\nOutputSpec\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.muestra.v1.OutputKind\x12\r\n\x05top_n\x18\x02 \x01(\r\x12\x16\n\x0e\x61llowed_tokens\x18\x03 \x01(\x0c\"v\n\x0cPrefixBlocks\x12\x12\n\nblock_size\x18\x01 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x15\n\rcached_blocks\x18\x03 \x01(\r\x12\r\n\x05write\x18\x04 \x01(\x08\x12\x16\n\x0ewrite_on_leave\x18\x05 \x01(\x08\"\xa3\x01\n\nPrefillRow\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tinput_ids\x18\x02 \x03(\r\x12&\n\x06output\x18\x03 \x01(\x0b\x32\x16.muestra.v1.OutputSpec\x12(\n\x06prefix\x18\x04 \x01(\x0b\x32\x18.muestra.v1.PrefixBlocks\x12\x1c\n\x14suppressed_token_ids\x18\x05 \x03(\r\"6\n\x0ePrefillRequest\x12$\n\x04rows\x18\x01 \x03(\x0b\x32\x16.muestra.v1.PrefillRow\"V\n\x0b\x42\x61tchOutput\x12\"\n\x06logits\x18\x01 \x01(\x0b\x32\x12.muestra.v1.Tensor\x12#\n\x04rows\x18\x02 \x03(\x0b\x32\x15.muestra.v1.RowOutput\"\xd2\x01\n\tRowOutput\x12\x12\n\nlogits_row\x18\x01 \x01(\x05\x12\x0e\n\x06\x61rgmax\x18\x02 \x01(\r\x12\x0f\n\x07top_ids\x18\x03 \x03(\r\x12\x12\n\ntop_logits\x18\x04 \x03(\x02\x12\x11\n\tlogsumexp\x18\x05 \x01(\x02\x12\x15\n\rcached_tokens\x18\x06 \x01(\r\x12\x12\n\ngreedy_ids\x18\x07 \x03(\r\x12\x11\n\tpositions\x18\x08 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_drafts\x18\t \x01(\r\x12\x12\n\ncache_tier\x18\n \x01(\t\".\n\x06Timing\x12\x12\n\nforward_us\x18\x01 \x01(\x04\x12\x10\n\x08total_us\x18\x02 \x01(\x04\"p\n\x0fPrefillResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\'\n\x06output\x18\x02 \x01(\x0b\x32\x17.muestra.v1.BatchOutput\x12\"\n\x06timing\x18\x03 \x01(\x0b\x32\x12.muestra.v1.Timing\"\x96\x01\n\x0b\x44\x65\x63odeBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x10\n\x08next_ids\x18\x02 \x03(\r\x12\'\n\x07outputs\x18\x03 \x03(\x0b\x32\x16.muestra.v1.OutputSpec\x12\x15\n\rdraft_lengths\x18\x04 \x03(\r\x12\x11\n\tdraft_ids\x18\x05 \x03(\r\x12\x10\n\x08rollback\x18\x06 \x03(\r\"\x7f\n\rDecodeRequest\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.muestra.v1.DecodeBatch\x12\x16\n\x0etokens_per_row\x18\x02 \x01(\r\x12\x14\n\x0cgreedy_steps\x18\x03 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\"o\n\x0e\x44\x65\x63odeResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\'\n\x06output\x18\x02 \x01(\x0b\x32\x17.muestra.v1.BatchOutput\x12\"\n\x06timing\x18\x03 \x01(\x0b\x32\x12.muestra.v1.Timing\"/\n\rFilterRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x03(\r\"4\n\x0e\x46ilterResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x10\n\x08num_rows\x18\x02 \x01(\r\"!\n\x0c\x43learRequest\x12\x11\n\tbatch_ids\x18\x01 \x03(\t\"6\n\rClearResponse\x12%\n\x04load\x18\x01 \x01(\x0b\x32\x17.muestra.v1.ServiceLoad\"\x9f\x01\n\x10\x42\x61tchStepRequest\x12+\n\x06\x64\x65\x63ode\x18\x01 \x01(\x0b\x32\x19.muestra.v1.DecodeRequestH\x00\x12+\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x19.muestra.v1.FilterRequestH\x00\x12)\n\x05\x63lear\x18\x03 \x01(\x0b\x32\x18.muestra.v1.ClearRequestH\x00\x42\x06\n\x04step\"\xa3\x01\n\x11\x42\x61tchStepResponse\x12,\n\x06\x64\x65\x63ode\x18\x01 \x01(\x0b\x32\x1a.muestra.v1.DecodeResponseH\x00\x12,\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x1a.muestra.v1.FilterResponseH\x00\x12*\n\x05\x63lear\x18\x03 \x01(\x0b\x32\x19.muestra.v1.ClearResponseH\x00\x42\x06\n\x04step*L\n\nOutputKind\x12\x1b\n\x17OUTPUT_KIND_UNSPECIFIED\x10\x00\x12\n\n\x06LOGITS\x10\x01\x12\t\n\x05TOP_N\x10\x02\x12\n\n\x06\x41RGMAX\x10\x03\x32\xb3\x03\n\rLanguageModel\x12O\n\x08\x44\x65scribe\x12 .muestra.v1.DescribeModelRequest\x1a!.muestra.v1.DescribeModelResponse\x12\x42\n\x07Prefill\x12\x1a.muestra.v1.PrefillRequest\x1a\x1b.muestra.v1.PrefillResponse\x12?\n\x06\x44\x65\x63ode\x12\x19.muestra.v1.DecodeRequest\x1a\x1a.muestra.v1.DecodeResponse\x12M\n\nBatchSteps\x12\x1c.muestra.v1.BatchStepRequest\x1a\x1d.muestra.v1.BatchStepResponse(\x01\x30\x01\x12?\n\x06\x46ilter\x12\x19.muestra.v1.FilterRequest\x1a\x1a.muestra.v1.FilterResponse\x12<\n\x05\x43lear\x12\x18.muestra.v1.ClearRequest\x1a\x19.muestra.v1.ClearResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'muestra.v1.lm_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTPUTKIND']._serialized_start=2414
-  _globals['_OUTPUTKIND']._serialized_end=2490
+  _globals['_OUTPUTKIND']._serialized_start=2438
+  _globals['_OUTPUTKIND']._serialized_end=2514
   _globals['_DESCRIBEMODELREQUEST']._serialized_start=60
   _globals['_DESCRIBEMODELREQUEST']._serialized_end=82
   _globals['_KVLAYOUT']._serialized_start=84
@@ -45,37 +45,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OUTPUTSPEC']._serialized_start=625
   _globals['_OUTPUTSPEC']._serialized_end=714
   _globals['_PREFIXBLOCKS']._serialized_start=716
-  _globals['_PREFIXBLOCKS']._serialized_end=810
-  _globals['_PREFILLROW']._serialized_start=813
-  _globals['_PREFILLROW']._serialized_end=976
-  _globals['_PREFILLREQUEST']._serialized_start=978
-  _globals['_PREFILLREQUEST']._serialized_end=1032
-  _globals['_BATCHOUTPUT']._serialized_start=1034
-  _globals['_BATCHOUTPUT']._serialized_end=1120
-  _globals['_ROWOUTPUT']._serialized_start=1123
-  _globals['_ROWOUTPUT']._serialized_end=1333
-  _globals['_TIMING']._serialized_start=1335
-  _globals['_TIMING']._serialized_end=1381
-  _globals['_PREFILLRESPONSE']._serialized_start=1383
-  _globals['_PREFILLRESPONSE']._serialized_end=1495
-  _globals['_DECODEBATCH']._serialized_start=1498
-  _globals['_DECODEBATCH']._serialized_end=1648
-  _globals['_DECODEREQUEST']._serialized_start=1650
-  _globals['_DECODEREQUEST']._serialized_end=1777
-  _globals['_DECODERESPONSE']._serialized_start=1779
-  _globals['_DECODERESPONSE']._serialized_end=1890
-  _globals['_FILTERREQUEST']._serialized_start=1892
-  _globals['_FILTERREQUEST']._serialized_end=1939
-  _globals['_FILTERRESPONSE']._serialized_start=1941
-  _globals['_FILTERRESPONSE']._serialized_end=1993
-  _globals['_CLEARREQUEST']._serialized_start=1995
-  _globals['_CLEARREQUEST']._serialized_end=2028
-  _globals['_CLEARRESPONSE']._serialized_start=2030
-  _globals['_CLEARRESPONSE']._serialized_end=2084
-  _globals['_BATCHSTEPREQUEST']._serialized_start=2087
-  _globals['_BATCHSTEPREQUEST']._serialized_end=2246
-  _globals['_BATCHSTEPRESPONSE']._serialized_start=2249
-  _globals['_BATCHSTEPRESPONSE']._serialized_end=2412
-  _globals['_LANGUAGEMODEL']._serialized_start=2493
-  _globals['_LANGUAGEMODEL']._serialized_end=2928
+  _globals['_PREFIXBLOCKS']._serialized_end=834
+  _globals['_PREFILLROW']._serialized_start=837
+  _globals['_PREFILLROW']._serialized_end=1000
+  _globals['_PREFILLREQUEST']._serialized_start=1002
+  _globals['_PREFILLREQUEST']._serialized_end=1056
+  _globals['_BATCHOUTPUT']._serialized_start=1058
+  _globals['_BATCHOUTPUT']._serialized_end=1144
+  _globals['_ROWOUTPUT']._serialized_start=1147
+  _globals['_ROWOUTPUT']._serialized_end=1357
+  _globals['_TIMING']._serialized_start=1359
+  _globals['_TIMING']._serialized_end=1405
+  _globals['_PREFILLRESPONSE']._serialized_start=1407
+  _globals['_PREFILLRESPONSE']._serialized_end=1519
+  _globals['_DECODEBATCH']._serialized_start=1522
+  _globals['_DECODEBATCH']._serialized_end=1672
+  _globals['_DECODEREQUEST']._serialized_start=1674
+  _globals['_DECODEREQUEST']._serialized_end=1801
+  _globals['_DECODERESPONSE']._serialized_start=1803
+  _globals['_DECODERESPONSE']._serialized_end=1914
+  _globals['_FILTERREQUEST']._serialized_start=1916
+  _globals['_FILTERREQUEST']._serialized_end=1963
+  _globals['_FILTERRESPONSE']._serialized_start=1965
+  _globals['_FILTERRESPONSE']._serialized_end=2017
+  _globals['_CLEARREQUEST']._serialized_start=2019
+  _globals['_CLEARREQUEST']._serialized_end=2052
+  _globals['_CLEARRESPONSE']._serialized_start=2054
+  _globals['_CLEARRESPONSE']._serialized_end=2108
+  _globals['_BATCHSTEPREQUEST']._serialized_start=2111
+  _globals['_BATCHSTEPREQUEST']._serialized_end=2270
+  _globals['_BATCHSTEPRESPONSE']._serialized_start=2273
+  _globals['_BATCHSTEPRESPONSE']._serialized_end=2436
+  _globals['_LANGUAGEMODEL']._serialized_start=2517
+  _globals['_LANGUAGEMODEL']._serialized_end=2952
 # @@protoc_insertion_point(module_scope)

@@ -88,16 +88,18 @@ class OutputSpec(_message.Message):
     def __init__(self, kind: _Optional[_Union[OutputKind, str]] = ..., top_n: _Optional[int] = ..., allowed_tokens: _Optional[bytes] = ...) -> None: ...
 
 class PrefixBlocks(_message.Message):
-    __slots__ = ("block_size", "block_hashes", "cached_blocks", "write")
+    __slots__ = ("block_size", "block_hashes", "cached_blocks", "write", "write_on_leave")
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_ON_LEAVE_FIELD_NUMBER: _ClassVar[int]
     block_size: int
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     cached_blocks: int
     write: bool
-    def __init__(self, block_size: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., cached_blocks: _Optional[int] = ..., write: _Optional[bool] = ...) -> None: ...
+    write_on_leave: bool
+    def __init__(self, block_size: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., cached_blocks: _Optional[int] = ..., write: _Optional[bool] = ..., write_on_leave: _Optional[bool] = ...) -> None: ...
 
 class PrefillRow(_message.Message):
     __slots__ = ("request_id", "input_ids", "output", "prefix", "suppressed_token_ids")

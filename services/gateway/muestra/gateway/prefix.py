@@ -84,13 +84,16 @@ class PrefixLookup:
         self.redis = redis
         self.health = health
 
-    async def prefix_blocks(self, prompt_ids: Sequence[int]) -> lm_pb2.PrefixBlocks:
-        """The prefix instructions for this prompt."""
+    async def prefix_blocks(self, prompt_ids: Sequence[int], conversation: bool = False) -> lm_pb2.PrefixBlocks:
+        """The prefix instructions for this prompt; a conversation's row is written when it ends, on first sight."""
         QUERIES.labels(self.model).inc(len(prompt_ids))
         hashes = block_hashes(self.fingerprint, prompt_ids, self.block_size)
         # A prompt without a full block still asks: the lm keeps its row's KV once it is done (its next turn's).
         cached = 0 if not hashes else len(hashes) if self.redis is None else await self._leading_present(hashes)
-        return lm_pb2.PrefixBlocks(block_size=self.block_size, block_hashes=hashes, cached_blocks=cached, write=True)
+        return lm_pb2.PrefixBlocks(
+            block_size=self.block_size, block_hashes=hashes, cached_blocks=cached, write=True,
+            write_on_leave=conversation,
+        )  # fmt: skip
 
     async def _leading_present(self, hashes: list[bytes]) -> int:
         """How many leading blocks Redis holds (0 when it fails), in one round trip."""

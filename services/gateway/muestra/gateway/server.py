@@ -327,6 +327,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             special_tokens_in_text=request.allow_special_tokens,
             speculation=speculation,
             prompt_cache_key=request.prompt_cache_key,
+            chat=request.WhichOneof("input") == "messages",
         )
         return generation, self.routers[model.name]
 

@@ -30,7 +30,7 @@ class RowCache:
     block_size: int
     # Leading full blocks of the row known to be in the shared tier (read from it, or written already).
     stored_blocks: int
-    # Whether the row's blocks may be written to the shared tier.
+    # Whether the row's blocks are written to the shared tier when it leaves (PrefixBlocks.write_on_leave).
     write: bool
     # Tokens of its prompt (cached past included): a row that leaves holding no more was fed nothing after it.
     prompt_tokens: int = 0

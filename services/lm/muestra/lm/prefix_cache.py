@@ -98,6 +98,8 @@ class PrefixRequest:
     write: bool
     # The most leading blocks a hit may use (MIN_SUFFIX tokens are left to run).
     usable_blocks: int = 0
+    # Write the row's blocks when it leaves its batch (PrefixBlocks.write_on_leave).
+    write_on_leave: bool = False
 
 
 @dataclasses.dataclass
@@ -220,7 +222,16 @@ class PrefixCache:
     def key(self, block_hash: bytes) -> str:
         return self.key_prefix + block_hash.hex()
 
-    def check(self, field: str, ids: np.ndarray, block_size: int, hashes: Sequence[bytes], cached: int, write: bool):
+    def check(
+        self,
+        field: str,
+        ids: np.ndarray,
+        block_size: int,
+        hashes: Sequence[bytes],
+        cached: int,
+        write: bool,
+        write_on_leave: bool = False,
+    ):
         """The row's PrefixRequest; raises InvalidArgument when it does not fit the prompt."""
         if block_size < 1 or block_size > self.max_block_size:
             raise InvalidArgument(f"{field}.block_size", f"must be within [1, {self.max_block_size}], got {block_size}")
@@ -241,7 +252,7 @@ class PrefixCache:
                     "does not match the prompt's tokens (see docs/prefix_cache.md for the hash chain)",
                 )
         usable = min(len(hashes), max(ids.size - MIN_SUFFIX, 0) // block_size)
-        return PrefixRequest(list(hashes), block_size, cached, write, usable)
+        return PrefixRequest(list(hashes), block_size, cached, write, usable, write_on_leave)
 
     def load(self, request: PrefixRequest) -> PrefixPlan:
         """Fetch and verify the leading blocks the caller found cached (one round trip); never raises."""
@@ -338,10 +349,11 @@ class PrefixCache:
     def write_left(self, resident: Resident, cache: RowCache) -> None:
         """Queue the full blocks of a row that left (prompt and generated tokens) that the shared tier lacks.
 
-        Written on first sight, whatever min_sightings says: a row that generated is where a conversation
-        stands, and its next turn starts with all of it. A row fed nothing after its prompt (a prefill alone)
-        is left to the prompt's own rule, at its prefill. The entry then counts the blocks as stored, so the
-        next turn, which adopts it, writes only its own new blocks."""
+        Only for rows that asked (PrefixBlocks.write_on_leave: chat turns), on first sight, whatever
+        min_sightings says: a chat turn that generated is where its conversation stands, and its next turn starts
+        with all of it. A row fed nothing after its prompt (a prefill alone) is left to the prompt's own rule, at
+        its prefill. The entry then counts the blocks as stored, so the next turn, which adopts it, writes only
+        its own new blocks."""
         size = cache.block_size
         full = len(resident.ids) // size
         if not cache.write or full <= cache.stored_blocks or len(resident.ids) <= cache.prompt_tokens:

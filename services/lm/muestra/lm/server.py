@@ -262,7 +262,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             prefix = pb_row.prefix
             checked = cache.check(
                 f"rows[{i}].prefix", row.input_ids, prefix.block_size, prefix.block_hashes,
-                prefix.cached_blocks, prefix.write,
+                prefix.cached_blocks, prefix.write, prefix.write_on_leave,
             )  # fmt: skip
             hot = self.engine.hot
             limit = row.input_ids.size - MIN_SUFFIX
@@ -277,7 +277,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             if plan is None:
                 continue
             request = plan.request
-            row.cache = RowCache(request.block_size, plan.stored_blocks, request.write, row.input_ids.size)
+            row.cache = RowCache(request.block_size, plan.stored_blocks, request.write_on_leave, row.input_ids.size)
             if plan.cached_tokens:
                 row.history = row.input_ids
                 row.past = plan.past

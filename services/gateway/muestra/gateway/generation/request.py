@@ -37,6 +37,7 @@ class GenerationRequest:
     special_tokens_in_text: bool = False  # allow_special_tokens: what is sampled is shown, special or not
     speculation: object = None  # the request's proposer and params (proposers.registry.Speculation), or None
     prompt_cache_key: str = ""  # GenerateRequest.prompt_cache_key: a routing hint
+    chat: bool = False  # its prompt is a conversation (messages): its turn is cached in Redis when it ends
     # Filled in by the gateway and the scheduler.
     arrival: float = dataclasses.field(default_factory=time.monotonic)
     admitted: float | None = None

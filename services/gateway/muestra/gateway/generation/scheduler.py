@@ -274,7 +274,7 @@ class ReplicaScheduler:
             prefix = None
             if prefix_cache is not None:
                 with self.progress.waiting_for("Redis prefix lookup"):
-                    prefix = await prefix_cache.prefix_blocks(request.prompt_ids)
+                    prefix = await prefix_cache.prefix_blocks(request.prompt_ids, request.chat)
             request.attempts += 1
             row = lm_pb2.PrefillRow(
                 request_id=request.request_id,

@@ -112,9 +112,10 @@ class Server:
 # -- the servers --------------------------------------------------------------------------------------
 
 
-def start_muestra(log_dir: Path, threads: int) -> tuple[LocalStack, Server]:
-    """The stack as `muestra up` starts it on the default text model (no image service: nothing asks for one)."""
-    lm_args = ("--intra-op-threads", str(threads))  # after LocalStack's own 1: the last flag wins
+def start_muestra(log_dir: Path, threads: int, extra: tuple[str, ...] = ()) -> tuple[LocalStack, Server]:
+    """The stack as `muestra up` starts it on the default text model (no image service: nothing asks for one);
+    `extra` flags go to the lm (--muestra-lm-args)."""
+    lm_args = ("--intra-op-threads", str(threads), *extra)  # after LocalStack's own 1: the last flag wins
     stack = LocalStack(log_dir / "muestra", text_model=MODEL, image_model=None, lm_args=lm_args)
     return stack, Server("muestra", stack.base_url, no_cache={}, pids=[p.pid for p in stack.processes()])
 
@@ -522,6 +523,9 @@ def main() -> None:
     parser.add_argument("--max-foreign-share", type=float, default=0.1, help="run a round again above it")
     parser.add_argument("--retries", type=int, default=3, help="most times one round is run again")
     parser.add_argument("--out", type=Path, default=None, help="write every figure here (JSON)")
+    parser.add_argument(
+        "--muestra-lm-args", default="", help='more flags for muestra\'s lm, e.g. "--hot-tier false" (Redis alone)'
+    )
     args = parser.parse_args()
     scenarios = ["a", "b", "c"] if args.scenario == "all" else [args.scenario]
     texts = {
@@ -547,7 +551,8 @@ def main() -> None:
         "text_tokens": counts,
         "scenarios": {},
     }
-    stack, muestra = start_muestra(log_dir, args.threads) if args.only != "llama" else (None, None)
+    extra = tuple(args.muestra_lm_args.split())
+    stack, muestra = start_muestra(log_dir, args.threads, extra) if args.only != "llama" else (None, None)
     try:
         for scenario in scenarios:
             llama, server = start_llama(log_dir, scenario, args.threads) if args.only != "muestra" else (None, None)

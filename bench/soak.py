@@ -35,35 +35,66 @@ from bench.workload import Workload, check_text, summarize  # noqa: E402
 BAD = ("failed", "refused", "lost", "hung")
 
 
+# The lm's metrics of the KV it holds on purpose: its batches' and its hot tier's.
+HELD = ("muestra_lm_kv_cache_bytes", "muestra_lm_hot_tier_bytes")
+
+
+def held_bytes(process, token: str) -> int:
+    """KV an lm process holds on purpose (its batches and hot tier), from its metrics; 0 when it cannot say."""
+    if not process.metrics_url or not process.alive():
+        return 0
+    request = urllib.request.Request(process.metrics_url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return 0
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(HELD)))
+
+
 class RssSampler:
     """Each process's RSS at the start, at `mark_s`, at its highest after `mark_s`, and at the end (every second).
 
-    Growth is judged on the highest RSS after the mark, so a peak that the end no longer shows still counts.
+    Growth is judged on the highest RSS after the mark, so a peak that the end no longer shows still counts. An
+    lm's RSS is judged less the most KV it has held on purpose so far (its batches and its hot tier, which fills
+    the KV budget's free room by design, and whose memory the lm keeps once used): what is left is the memory
+    nothing explains.
     """
 
     def __init__(self, stack: LocalStack, mark_s: float) -> None:
         self.stack = stack
         self.mark_s = mark_s
-        self.start = stack.rss()
+        self.held_peak: dict[str, int] = {}
+        self.start = self.sample()
         self.mark: dict[str, int] | None = None
         self.peak: dict[str, int] = {}
         self.end: dict[str, int] = {}
 
+    def sample(self) -> dict[str, int]:
+        """Each process's RSS; an lm's less the most KV it has held so far."""
+        rss = self.stack.rss()
+        for lm in self.stack.lm:
+            held = held_bytes(lm, self.stack.internal_token)
+            self.held_peak[lm.name] = max(self.held_peak.get(lm.name, 0), held)
+            rss[lm.name] = max(rss[lm.name] - self.held_peak[lm.name], 0)
+        return rss
+
     async def run(self, started: float) -> None:
         while True:
             await asyncio.sleep(1.0)
+            now = await asyncio.to_thread(self.sample)
             if self.mark is None:
                 if time.monotonic() - started >= self.mark_s:
-                    self.mark = self.stack.rss()
+                    self.mark = now
                 continue
-            self._note_peak(self.stack.rss())
+            self._note_peak(now)
 
     def _note_peak(self, now: dict[str, int]) -> None:
         for name, value in now.items():
             self.peak[name] = max(self.peak.get(name, 0), value)
 
     def finish(self) -> None:
-        self.end = self.stack.rss()
+        self.end = self.sample()
         if self.mark is not None:
             self._note_peak(self.end)
 
@@ -112,7 +143,12 @@ def print_report(report: dict, rss: RssSampler, args) -> None:
     print("inter-token ms p50/p95/p99: " + "/".join(f"{itl[p]:.1f}" for p in (50, 95, 99)))
     print("by kind: " + ", ".join(f"{k} {n}" for k, n in report["by_kind"].items()))
     after = f"{args.rss_after:.0f} s"
-    print(f"RSS MiB (start / after {after} / highest after {after} / end; growth: highest against after {after}):")
+    print(
+        f"RSS MiB (start / after {after} / highest after {after} / end; growth: highest against after {after}; "
+        "an lm's less the most KV it held on purpose, batches and hot tier):"
+    )
+    for name, held in rss.held_peak.items():
+        print(f"  {name}: the most KV it held on purpose (batches and hot tier): {held / mib:.1f} MiB")
     growth = rss.growth()
     for name, start in rss.start.items():
         mark = (rss.mark or {}).get(name, 0)

@@ -81,6 +81,23 @@ def bystander_latencies(port: int, running: Callable[[], bool]) -> list[float]:
     return latencies
 
 
+def completion_latencies(port: int, running: Callable[[], bool], at_least: int = 0) -> list[float]:
+    """A 1-token completion at a time while running() (and until at_least are timed): seconds each."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", method="POST", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "", "prompt": "Hi", "max_tokens": 1}).encode(),
+    )  # fmt: skip
+    latencies = []
+    while running() or len(latencies) < at_least:
+        started = time.monotonic()
+        with urllib.request.urlopen(request, timeout=120) as response:
+            assert response.status == 200
+            response.read()
+        latencies.append(time.monotonic() - started)
+        time.sleep(0.02)
+    return latencies
+
+
 def bystander_bound(port: int) -> float:
     """BYSTANDER_S, or 4x the slowest of a few tiny requests with no attack where the machine is that loaded."""
     return max(BYSTANDER_S, 4 * max(bystander_latencies(port, lambda: False) * 2))

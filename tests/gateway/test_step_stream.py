@@ -1,13 +1,16 @@
-"""StepStream (unit, with a fake stream): reopening, and retrying only what may be retried."""
+"""StepStream: reopening, and retrying only what may be retried (with a fake stream); no task left behind when the
+server ends a stream (with a real one)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import grpc
 import pytest
 
 from muestra.gateway.generation.step_stream import StepStream
+from muestra.runtime.channels import service_channel
 
 
 def rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
@@ -21,7 +24,7 @@ class FakeCall:
         self.error = error
         self.ended = False
         self.cancelled = False
-        self.request = None
+        self.requests = None  # the request iterator the stream was opened with
 
     def done(self) -> bool:
         return self.ended or self.cancelled
@@ -30,13 +33,11 @@ class FakeCall:
         self.cancelled = True
         return True
 
-    async def write(self, request) -> None:
+    async def read(self):
+        request = await self.requests.__anext__()
         if self.error is not None:
             raise self.error
-        self.request = request
-
-    async def read(self):
-        return 2 * self.request
+        return 2 * request
 
 
 class Opener:
@@ -44,8 +45,9 @@ class Opener:
         self.calls = list(calls)
         self.opened: list[FakeCall] = []
 
-    def __call__(self) -> FakeCall:
+    def __call__(self, requests) -> FakeCall:
         call = self.calls.pop(0) if self.calls else FakeCall()
+        call.requests = requests
         self.opened.append(call)
         return call
 
@@ -133,13 +135,17 @@ class QueueCall(FakeCall):
         self.most_in_flight = 0
         self.hold = asyncio.Event()
         self.hold.set()
+        self.server: asyncio.Task | None = None
 
-    async def write(self, request) -> None:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        self.replies.put_nowait(2 * request)
+    async def _serve(self) -> None:
+        async for request in self.requests:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            self.replies.put_nowait(2 * request)
 
     async def read(self):
+        if self.server is None:
+            self.server = asyncio.ensure_future(self._serve())
         await self.hold.wait()
         reply = await self.replies.get()
         self.in_flight -= 1
@@ -197,3 +203,43 @@ def test_a_reply_later_than_the_deadline_is_deadline_exceeded_and_closes_the_str
 
     assert run(steps()) == 8
     assert call.cancelled and len(opener.opened) == 2
+
+
+async def _echo(requests, context):
+    async for request in requests:
+        yield request
+
+
+@pytest.mark.parametrize("when", ["idle", "mid-step"])
+def test_a_stream_its_server_ended_leaves_no_task_behind_once_closed(when):
+    # Issue 48: with the services' interceptors, grpc writes a stream's requests from a task of its own; when the
+    # server went away first, closing the stream left that task waiting forever ("Task was destroyed but it is
+    # pending", then "aclose(): asynchronous generator is already running" when it was collected).
+    async def scenario():
+        problems = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: problems.append(context["message"]))
+        server = grpc.aio.server()
+        handler = grpc.method_handlers_generic_handler("t.T", {"Echo": grpc.stream_stream_rpc_method_handler(_echo)})
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = service_channel(f"127.0.0.1:{port}")
+        stream = StepStream(channel.stream_stream("/t.T/Echo"), "echo", retry=False)
+        assert await stream.step(b"one") == b"one"
+        await server.stop(0)  # the replica is killed
+        if when == "mid-step":
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stream.step(b"two")
+        else:
+            await asyncio.sleep(0.2)
+        stream.close()
+        await asyncio.sleep(0.1)
+        left = [task.get_coro() for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        del stream
+        gc.collect()
+        await asyncio.sleep(0.1)
+        await channel.close()
+        return left, problems
+
+    left, problems = run(scenario())
+    assert left == [] and problems == [], (left, problems)

@@ -63,7 +63,10 @@ class LmClient:
         self.lease = f"gateway-{uuid.uuid4().hex}"
         self.metadata = ((LEASE_HEADER, self.lease),)
         self.stream = StepStream(
-            lambda: replica.stub.BatchSteps(metadata=self.metadata), self.name, retry=False, timeout_s=timeout_s
+            lambda requests: replica.stub.BatchSteps(requests, metadata=self.metadata),
+            self.name,
+            retry=False,
+            timeout_s=timeout_s,
         )
 
     async def prefill(self, prefill: lm_pb2.PrefillRequest) -> lm_pb2.PrefillResponse:

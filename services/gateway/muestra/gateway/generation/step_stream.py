@@ -11,13 +11,19 @@ Replies carry no request id: the n-th reply answers the n-th request. So one exc
 (a lock: a second caller waits its turn), and an exchange that does not finish (its deadline
 passed, its caller was cancelled) closes the stream, since its reply could still arrive and be
 taken by the next exchange as its own.
+
+Requests go to grpc as the call's request iterator (_Requests), not through call.write(): on a channel
+with interceptors, write() feeds an async generator of grpc's own to a task that writes it out, and when
+the server ended the stream first, cancelling the call left that task waiting on the generator forever
+("Task was destroyed but it is pending", then "aclose(): asynchronous generator is already running" once
+both were collected). Closing a stream here ends its iterator, so grpc's task always finishes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -49,8 +55,32 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
+class _Requests:
+    """A stream's requests, as the async iterator grpc's call reads them from: put() one, or end() them."""
+
+    _END = object()
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, request) -> None:
+        self._queue.put_nowait(request)
+
+    def end(self) -> None:
+        self._queue.put_nowait(self._END)
+
+    def __aiter__(self) -> _Requests:
+        return self
+
+    async def __anext__(self):
+        request = await self._queue.get()
+        if request is self._END:
+            raise StopAsyncIteration
+        return request
+
+
 class StepStream:
-    """step(request) -> reply over one stream of `open_stream()` (a stream-stream multicallable).
+    """step(request) -> reply over one stream of `open_stream(requests)` (a stream-stream multicallable).
 
     Failures are raised as grpc.aio.AioRpcError: a stream that ended early as UNAVAILABLE, a reply
     that took longer than `timeout_s` as DEADLINE_EXCEEDED.
@@ -58,7 +88,7 @@ class StepStream:
 
     def __init__(
         self,
-        open_stream: Callable[[], grpc.aio.StreamStreamCall],
+        open_stream: Callable[[AsyncIterator], grpc.aio.StreamStreamCall],
         what: str,
         retry: bool = True,
         timeout_s: float = 30.0,
@@ -69,6 +99,7 @@ class StepStream:
         self.retry = retry
         self.timeout_s = timeout_s
         self._call: grpc.aio.StreamStreamCall | None = None
+        self._requests = _Requests()
         self._lock = asyncio.Lock()
 
     async def step(self, request, timeout_s: float | None = None):
@@ -96,13 +127,14 @@ class StepStream:
         if self._call is None:
             # The stream outlives the request that happens to open it: it carries no request's id.
             with request_id_scope("-"):
-                self._call = self._open_stream()
+                self._requests = _Requests()
+                self._call = self._open_stream(self._requests)
 
     async def _exchange(self, request, timeout_s: float):
         self.open()
         call = self._call
         try:
-            reply = await within(timeout_s, _write_then_read(call, request))
+            reply = await within(timeout_s, _write_then_read(call, self._requests, request))
         except asyncio.TimeoutError:
             self.close()
             raise rpc_error(
@@ -119,12 +151,14 @@ class StepStream:
 
     def close(self) -> None:
         if self._call is not None:
+            # Ended first: cancel() does not reach grpc's task that reads the requests once the call is over.
+            self._requests.end()
             self._call.cancel()
             self._call = None
 
 
-async def _write_then_read(call: grpc.aio.StreamStreamCall, request):
-    await call.write(request)
+async def _write_then_read(call: grpc.aio.StreamStreamCall, requests: _Requests, request):
+    requests.put(request)
     return await call.read()
 
 

@@ -108,7 +108,16 @@ async def serve(spec: ServiceSpec, config: ServiceConfig, started: asyncio.Event
     watcher.cancel()
     if spec.close is not None:
         await spec.close()
-    log.info("%s stopped", spec.name)
+    await asyncio.sleep(0)  # the tasks cancelled above take their cancellation
+    # asyncio.run cancels what is left without a word: named here, a task that nobody waits for shows (one
+    # collected while the service ran would have been "Task was destroyed but it is pending").
+    left = sorted(_task_name(task) for task in asyncio.all_tasks() if task is not asyncio.current_task())
+    log.info("%s stopped (tasks still running: %s)", spec.name, ", ".join(left) or "none")
+
+
+def _task_name(task: asyncio.Task) -> str:
+    coro = task.get_coro()
+    return getattr(coro, "__qualname__", None) or repr(coro)
 
 
 async def _probe_health(spec: ServiceSpec, health_servicer, names: list[str]) -> None:

@@ -117,3 +117,24 @@ def test_greedy_steps_may_not_pass_the_context_length(lm_service, served_lm):
     assert f"holds {context - 4} tokens; 5 more would pass the context length {context}" in rejected(stub, request)
     assert len(greedy(stub, reply.batch_id, ids, 4).output.rows[0].greedy_ids) == 4
     stub.Clear(lm_pb2.ClearRequest())
+
+
+def test_a_burst_ends_at_its_next_step_when_a_prompt_waits_for_the_model(lm_service):
+    """A Prefill that arrives during a long greedy burst runs after the step in progress, not after the burst:
+    the burst answers with the steps it ran, and its caller goes on from there."""
+    import concurrent.futures
+    import time
+
+    service = lm_service("llama")
+    reply = prefill(service.stub, prompts([90, 120, 70, 100] * 4, 1024, seed=3), kind=lm_pb2.ARGMAX)
+    started = time.monotonic()
+    alone = greedy(service.stub, reply.batch_id, [row.argmax for row in reply.output.rows], 64)
+    took = time.monotonic() - started
+    assert len(alone.output.rows[0].greedy_ids) == 64  # with nobody waiting, a burst runs its whole length
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        burst = pool.submit(greedy, service.stub, alone.batch_id, [row.argmax for row in alone.output.rows], 64)
+        time.sleep(took / 4)  # a quarter of the way through
+        other = prefill(service.stub, prompts([30], 1024, seed=4), kind=lm_pb2.ARGMAX)
+        ran = len(burst.result().output.rows[0].greedy_ids)
+    assert 1 <= ran < 64, (ran, took)
+    service.stub.Clear(lm_pb2.ClearRequest(batch_ids=[burst.result().batch_id, other.batch_id]))

@@ -139,6 +139,8 @@ class Engine:
         self._suppressed_sets: dict[bytes, np.ndarray] = {}
         # The KV of rows that left, kept within the budget's room (None: none is kept).
         self.hot = hot_tier
+        # Whether a prefill waits for the model thread (the server's); a greedy burst then ends at its next step.
+        self.prefill_waiting: Callable[[], bool] = lambda: False
         # Called on this thread with each cached row that leaves (its KV, as the hot tier keeps it, and its
         # RowCache): the shared tier's writes.
         self.on_row_left: Callable[[Resident, RowCache], None] | None = None
@@ -528,6 +530,8 @@ class Engine:
                 stopped |= np.isin(next_ids, stops)
                 if stopped.all():
                     break
+            if self.prefill_waiting():
+                break  # a prompt waits for the model thread: it goes after this step, not after the whole burst
             next_ids = next_ids[:, None]
         return logits, forward_us, np.stack(taken, axis=1)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +87,10 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         # Held by the prefill whose forward (or chunk) is queued or running on the model thread: decode steps
         # never queue behind more than one.
         self._chunk_turn = asyncio.Lock()
+        # Prefill jobs asked for (loop), started (model thread), and given up before submitted (loop): while one
+        # waits for the model thread, a greedy burst there ends at its next step. Each count has one writer.
+        self._prefills_asked = self._prefills_started = self._prefills_dropped = 0
+        engine.prefill_waiting = lambda: self._prefills_asked > self._prefills_started + self._prefills_dropped
         self.batch_idle_s = batch_idle_s
         # Open BatchSteps streams per lease: a lease's batches go when its last stream breaks.
         self._streams: dict[str, int] = {}
@@ -175,10 +180,10 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             result, output, kv, lengths = await self._chunked_prefill(rows[0], lease)
         else:
             # One prefill's forward at a time waits for the model thread (decode steps go first), as chunks do.
-            async with self._chunk_turn:
+            async with self._prefill_turn() as turn:
                 # A caller that leaves mid-prefill (its deadline, a cancel) never learns the new batch's id: the
                 # batch is freed as soon as the model thread has made it, instead of idling until batch_idle_s.
-                job = asyncio.ensure_future(self._on_model_thread(self._prefill, rows, lease))
+                job = turn.submit(self._prefill, rows, lease)
                 try:
                     result, output, kv, lengths = await asyncio.shield(job)
                 except asyncio.CancelledError:
@@ -206,13 +211,11 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         job = None
         step: asyncio.Future | None = None
         try:
-            async with self._chunk_turn:
-                job = await self._on_model_thread(
-                    self.engine.begin_prefill, row, lease, self.prefill_chunk_tokens
-                )  # fmt: skip
+            async with self._prefill_turn() as turn:
+                job = await turn.submit(self.engine.begin_prefill, row, lease, self.prefill_chunk_tokens)
             while True:
-                async with self._chunk_turn:
-                    step = asyncio.ensure_future(self._on_model_thread(self._prefill_chunk, job))
+                async with self._prefill_turn() as turn:
+                    step = turn.submit(self._prefill_chunk, job)
                     done = await asyncio.shield(step)
                     step = None
                 if done is not None:
@@ -230,6 +233,19 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             if job is not None:  # a chunk failed: its reservation (or its batch) goes with the call
                 await self._abandon(job)
             raise
+
+    @contextlib.asynccontextmanager
+    async def _prefill_turn(self):
+        """A prefill job's turn on the model thread: after the prefill job queued before it (decode steps are
+        not held), and ending the greedy burst that runs there at its next step."""
+        self._prefills_asked += 1
+        turn = _PrefillTurn(self)
+        try:
+            async with self._chunk_turn:
+                yield turn
+        finally:
+            if not turn.submitted:
+                self._prefills_dropped += 1
 
     def _prefill_chunk(self, job):
         """One chunk on the model thread; after the last, what _prefill returns."""
@@ -446,6 +462,23 @@ def service_spec(
             prefix_cache.close()
 
     return ServiceSpec(name="lm", register=register, close=close)
+
+
+class _PrefillTurn:
+    """submit(fn, *args): run fn on the model thread for the turn that _prefill_turn granted (once)."""
+
+    def __init__(self, servicer: LanguageModelServicer) -> None:
+        self.servicer = servicer
+        self.submitted = False
+
+    def submit(self, fn, *args) -> asyncio.Future:
+        self.submitted = True
+
+        def run():
+            self.servicer._prefills_started += 1  # written on the model thread only
+            return fn(*args)
+
+        return asyncio.ensure_future(self.servicer._on_model_thread(run))
 
 
 def _batch_ids(request: lm_pb2.BatchStepRequest) -> list[str]:

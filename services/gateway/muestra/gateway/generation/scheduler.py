@@ -146,6 +146,9 @@ class ReplicaScheduler:
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._run(), name=f"scheduler {self.replica.address}")
             self.task.add_done_callback(self._loop_ended)
+        # Its prefill starts now, not when the step in flight (a greedy burst, say) comes back: the lm ends a burst
+        # at its next step for a prefill that waits.
+        self._admit()
 
     def poke(self) -> None:
         """A request was cancelled: let the loop notice it."""

@@ -144,3 +144,26 @@ def test_the_hot_tier_never_exceeds_the_budget_and_live_rows_always_win_the_memo
     with pytest.raises(ResourceExhausted):
         engine.prefill([PrefillInput("more", np.arange(2, 42), ARGMAX)])
     engine.clear([live.batch_id])
+
+
+def test_a_prompt_that_starts_like_a_row_still_in_a_batch_takes_its_kv(decoder):
+    """A turn that ended but whose Filter has not come yet (the gateway starts the next prompt's prefill as it
+    arrives): the prompt takes the row's KV from its batch, as it would from the hot tier once the row leaves."""
+    engine = Engine(decoder, max_batch_rows=8, kv_budget_bytes=1 << 30, max_top_n=8, hot_tier=HotTier())
+    prompt, more = (np.array(p) for p in prompts([9, 6], decoder.info.vocab_size, seed=8))
+    row = engine.prefill([PrefillInput("turn1", prompt, ARGMAX, cache=CACHED)])
+    step = engine.decode([DecodeInput(row.batch_id, np.array([17]), None)], greedy_steps=4)
+    held = [*prompt, 17, *step.greedy_ids[0, :-1]]
+    whole = np.array([*held, *more])
+    hit = engine.prefill([PrefillInput("turn2", whole, FULL, cache=CACHED)])
+    assert engine.batches[hit.batch_id].row_ids(0).tolist() == whole.tolist()
+    cold = engine.prefill([PrefillInput("cold", whole, FULL)])  # no cache instructions: nothing adopted
+    assert np.abs(hit.logits - cold.logits).max() <= 1e-4
+    adopted = PrefillInput("turn2-again", whole, FULL, cache=CACHED)
+    engine.prefill([adopted])
+    assert adopted.adopted == whole.size - 2  # the live turn-2 row holds all of it; the last two tokens run
+    without = Engine(decoder, max_batch_rows=8, kv_budget_bytes=1 << 30, max_top_n=8)  # no hot tier: no reuse
+    kept = without.prefill([PrefillInput("a", prompt, ARGMAX, cache=CACHED)])
+    other = PrefillInput("b", np.array([*prompt, 5, 6, 7]), FULL, cache=CACHED)
+    without.prefill([other])
+    assert other.adopted == 0 and kept.batch_id in without.batches

@@ -19,9 +19,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from muestra.lm.batch import NO_IDS, Batch, OutputSpec, RowCache
-from muestra.lm.hot_tier import HotTier, Resident
+from muestra.lm.hot_tier import HotTier, Resident, common_prefix
 from muestra.lm.lanes import Lanes, join
 from muestra.lm.model import OnnxDecoder
+from muestra.lm.prefix_cache import MIN_SUFFIX
 from muestra.runtime.errors import InvalidArgument, ResourceExhausted, check_limit
 from muestra.v1 import lm_pb2
 
@@ -45,6 +46,8 @@ class PrefillInput:
     history: np.ndarray | None = None
     # What the prefix cache does with the row when it leaves its batch (None: nothing).
     cache: RowCache | None = None
+    # Tokens of its past that the engine took from a row still in a batch (Engine._adopt_live), or 0.
+    adopted: int = 0
 
 
 @dataclasses.dataclass
@@ -274,7 +277,33 @@ class Engine:
             self.check_ids(field, row.input_ids)
         return [r.input_ids.size + (r.past[0].shape[1] if r.past is not None else 0) for r in rows]
 
+    def _adopt_live(self, row: PrefillInput) -> None:
+        """A prompt that starts like a row still in a batch takes that row's KV (a copy) where it covers more than
+        the prompt's past: a turn that ended but whose Filter has not come yet (the gateway starts a prefill as a
+        request arrives), or a request that shares a prompt with one running. As with the hot tier, which is
+        where such a row goes once it leaves, the prompt's last MIN_SUFFIX tokens are left to run."""
+        if row.cache is None or self.hot is None:
+            return
+        full = row.history if row.history is not None else row.input_ids
+        best = row.past[0].shape[1] if row.past is not None else 0
+        limit, source = full.size - MIN_SUFFIX, None
+        for batch in self.batches.values():
+            for index in range(batch.rows):
+                ids = batch.row_ids(index)
+                if min(len(ids), limit) <= best or ids[0] != full[0]:
+                    continue
+                length = common_prefix(ids, full, limit)
+                if length > best:
+                    best, source = length, (batch, index)
+        if source is None or best < row.cache.block_size:
+            return
+        batch, index = source
+        row.past = [np.array(a) for a in batch.row_kv(index, best)]
+        row.history, row.input_ids, row.adopted = full, full[best:], best
+
     def prefill(self, rows: Sequence[PrefillInput], lease: str = "") -> StepResult:
+        for row in rows:
+            self._adopt_live(row)
         lengths = self._check_prompts(rows)
         fresh = [r.input_ids.size for r in rows if r.past is None]
         transient = 0
@@ -298,6 +327,7 @@ class Engine:
     def begin_prefill(self, row: PrefillInput, lease: str, chunk_tokens: int) -> ChunkedPrefill:
         """A one-row prefill run `chunk_tokens` at a time by prefill_chunk (other calls may run between two
         chunks); its whole KV is reserved now, so no chunk can fail for want of room."""
+        self._adopt_live(row)
         (length,) = self._check_prompts([row])
         transient = chunk_tokens * self.info.vocab_size * 4 if self.decoder.logits_all else 0
         needed = self._bytes_for([length])

@@ -194,6 +194,8 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         writes = []
         for i, (row, plan) in enumerate(zip(output.rows, plans, strict=True)):
             if plan is not None:
+                if rows[i].adopted > plan.cached_tokens:  # from a row still in a batch: the hot tier's kind
+                    plan.cached_tokens, plan.tier = rows[i].adopted, "hot"
                 row.cached_tokens = plan.cached_tokens
                 row.cache_tier = plan.tier
                 self.prefix_cache.record(plan, plan.cached_tokens + rows[i].input_ids.size)

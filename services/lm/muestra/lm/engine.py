@@ -46,7 +46,7 @@ class PrefillInput:
     history: np.ndarray | None = None
     # What the prefix cache does with the row when it leaves its batch (None: nothing).
     cache: RowCache | None = None
-    # Tokens of its past that the engine took from a row still in a batch (Engine._adopt_live), or 0.
+    # Tokens of its past that the engine found itself at its prefill (Engine._adopt), or 0.
     adopted: int = 0
 
 
@@ -230,9 +230,10 @@ class Engine:
         if self.hot is not None and live + self.hot.nbytes > self.kv_budget_bytes:
             self.hot.evict(live + self.hot.nbytes - self.kv_budget_bytes)
 
-    def _leave(self, batch: Batch, rows: Sequence[int]) -> None:
+    def _leave(self, batch: Batch | Lanes, rows: Sequence[int], freed: bool = False) -> None:
         """Rows leaving `batch` (finished, cancelled): keep the KV of cached ones in the hot tier and hand them
-        to on_row_left; a row shorter than one cache block is not worth a copy."""
+        to on_row_left; a row shorter than one cache block is not worth keeping. The lone row of a batch that
+        is `freed` with it gives the tier its buffers as they are (a chat's turn: no copy of its KV)."""
         for row in rows:
             cache = batch.cache[row] if batch.cache else None
             length = int(batch.lengths[row])
@@ -240,7 +241,10 @@ class Engine:
                 continue
             ids, kv = batch.row_ids(row), batch.row_kv(row, length)
             if self.hot is not None:
-                resident = self.hot.keep(ids, kv, cache.block_size, cache.stored_blocks)
+                alone = freed and isinstance(batch, Batch) and batch.rows == 1 and self.decoder.device == "cpu"
+                owner = batch.kv.values if alone else None
+                nbytes = batch.nbytes if alone else 0
+                resident = self.hot.keep(ids, kv, cache.block_size, cache.stored_blocks, owner, nbytes)
                 self._make_room(self._kv_bytes + self._pending_bytes)
             else:
                 copied = tuple(np.array(a, order="C", copy=True) for a in kv)
@@ -277,16 +281,19 @@ class Engine:
             self.check_ids(field, row.input_ids)
         return [r.input_ids.size + (r.past[0].shape[1] if r.past is not None else 0) for r in rows]
 
-    def _adopt_live(self, row: PrefillInput) -> None:
-        """A prompt that starts like a row still in a batch takes that row's KV (a copy) where it covers more than
-        the prompt's past: a turn that ended but whose Filter has not come yet (the gateway starts a prefill as a
-        request arrives), or a request that shares a prompt with one running. As with the hot tier, which is
-        where such a row goes once it leaves, the prompt's last MIN_SUFFIX tokens are left to run."""
+    def _adopt(self, row: PrefillInput) -> None:
+        """Just before a prompt runs, take the longest past this service holds for it, where it covers more than
+        the past the prompt came with (read on the event loop, before this job's turn): the hot tier as it is
+        now (a turn that left while the prompt waited), or a row still in a batch (a turn that ended but whose
+        Filter has not come yet: the gateway starts a prefill as a request arrives; or a request that shares a
+        prompt with one running), whose KV is copied. The prompt's last MIN_SUFFIX tokens are left to run."""
         if row.cache is None or self.hot is None:
             return
         full = row.history if row.history is not None else row.input_ids
-        best = row.past[0].shape[1] if row.past is not None else 0
-        limit, source = full.size - MIN_SUFFIX, None
+        have = row.past[0].shape[1] if row.past is not None else 0
+        limit = full.size - MIN_SUFFIX
+        resident, best = self.hot.longest(full, limit)
+        source = None
         for batch in self.batches.values():
             for index in range(batch.rows):
                 ids = batch.row_ids(index)
@@ -295,15 +302,25 @@ class Engine:
                 length = common_prefix(ids, full, limit)
                 if length > best:
                     best, source = length, (batch, index)
-        if source is None or best < row.cache.block_size:
+        if best <= have or best < row.cache.block_size:
             return
-        batch, index = source
-        row.past = [np.array(a) for a in batch.row_kv(index, best)]
+        if source is not None:
+            batch, index = source
+            row.past = [np.array(a) for a in batch.row_kv(index, best)]
+            known = batch.cache[index]
+        else:
+            row.past = [a[:, :best] for a in resident.kv]  # the tier's arrays are never written
+            known = resident
         row.history, row.input_ids, row.adopted = full, full[best:], best
+        # Blocks of that past already in the shared tier need no write when this row leaves.
+        if known is not None and known.block_size == row.cache.block_size:
+            stored = min(known.stored_blocks, best // row.cache.block_size)
+            if stored > row.cache.stored_blocks:
+                row.cache = dataclasses.replace(row.cache, stored_blocks=stored)
 
     def prefill(self, rows: Sequence[PrefillInput], lease: str = "") -> StepResult:
         for row in rows:
-            self._adopt_live(row)
+            self._adopt(row)
         lengths = self._check_prompts(rows)
         fresh = [r.input_ids.size for r in rows if r.past is None]
         transient = 0
@@ -327,7 +344,7 @@ class Engine:
     def begin_prefill(self, row: PrefillInput, lease: str, chunk_tokens: int) -> ChunkedPrefill:
         """A one-row prefill run `chunk_tokens` at a time by prefill_chunk (other calls may run between two
         chunks); its whole KV is reserved now, so no chunk can fail for want of room."""
-        self._adopt_live(row)
+        self._adopt(row)
         (length,) = self._check_prompts([row])
         transient = chunk_tokens * self.info.vocab_size * 4 if self.decoder.logits_all else 0
         needed = self._bytes_for([length])
@@ -572,7 +589,7 @@ class Engine:
             if r >= batch.rows:
                 raise InvalidArgument(f"rows[{i}]", f"row {r} is out of range for a batch of {batch.rows} rows")
         kept = set(rows)
-        self._leave(batch, [r for r in range(batch.rows) if r not in kept])
+        self._leave(batch, [r for r in range(batch.rows) if r not in kept], freed=not rows)
         if not rows:
             self._drop(batch_id)
             return "", 0
@@ -592,7 +609,7 @@ class Engine:
             if batch_id in self._leases and self._leases[batch_id][0] == lease:
                 batch = self.batches[batch_id]
                 self._drop(batch_id)
-                self._leave(batch, range(batch.rows))
+                self._leave(batch, range(batch.rows), freed=True)
         return self.load()
 
     def release(self, lease: str) -> tuple[int, int]:

@@ -42,6 +42,8 @@ class Resident:
     # Leading full blocks (of block_size tokens) known to be in the shared tier.
     block_size: int
     stored_blocks: int
+    # What keeps the memory of `kv` alive when it is a view on a freed batch's buffers (their OrtValues).
+    owner: object = None
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
@@ -78,8 +80,17 @@ class HotTier:
                 self._entries.move_to_end(best_key)
         return best, best_length
 
-    def keep(self, ids: np.ndarray, kv: list[np.ndarray], block_size: int, stored_blocks: int) -> Resident:
-        """Keep a copy of a leaving row's KV (views on its batch's buffers) under its ids.
+    def keep(
+        self,
+        ids: np.ndarray,
+        kv: list[np.ndarray],
+        block_size: int,
+        stored_blocks: int,
+        owner: object = None,
+        owner_bytes: int = 0,
+    ) -> Resident:
+        """Keep a leaving row's KV (views on its batch's buffers) under its ids: a copy, or, when the batch goes
+        with the row (`owner`: its buffers, `owner_bytes` of them), the views themselves, with no copy.
 
         An entry whose ids start this row's is dropped (every prompt it would serve, this one serves as
         well); a row whose ids start an entry's is not kept again (the entry serves its prompts)."""
@@ -91,11 +102,12 @@ class HotTier:
                     return entry
                 if shared == len(entry.ids):
                     self._drop(key)
-        # Always a copy: the views may be of a buffer that the next step writes over, or that is freed.
-        copied = tuple(np.array(a, order="C", copy=True) for a in kv)
-        resident = Resident(
-            np.array(ids, dtype=np.int32), copied, sum(a.nbytes for a in copied), block_size, stored_blocks
-        )
+        if owner is not None:  # nobody writes those buffers any more, and `owner` keeps them alive
+            kept, nbytes = tuple(kv), owner_bytes
+        else:  # a copy: the next step of the batch writes over its buffers, or frees them
+            kept = tuple(np.array(a, order="C", copy=True) for a in kv)
+            nbytes = sum(a.nbytes for a in kept)
+        resident = Resident(np.array(ids, dtype=np.int32), kept, nbytes, block_size, stored_blocks, owner)
         with self._lock:
             self._entries[next(self._keys)] = resident
             self.nbytes += resident.nbytes

@@ -194,7 +194,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         writes = []
         for i, (row, plan) in enumerate(zip(output.rows, plans, strict=True)):
             if plan is not None:
-                if rows[i].adopted > plan.cached_tokens:  # from a row still in a batch: the hot tier's kind
+                if rows[i].adopted > plan.cached_tokens:  # found at its turn, in the hot tier or a live row
                     plan.cached_tokens, plan.tier = rows[i].adopted, "hot"
                 row.cached_tokens = plan.cached_tokens
                 row.cache_tier = plan.tier

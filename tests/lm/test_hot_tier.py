@@ -167,3 +167,23 @@ def test_a_prompt_that_starts_like_a_row_still_in_a_batch_takes_its_kv(decoder):
     other = PrefillInput("b", np.array([*prompt, 5, 6, 7]), FULL, cache=CACHED)
     without.prefill([other])
     assert other.adopted == 0 and kept.batch_id in without.batches
+
+
+def test_a_turn_alone_in_its_batch_is_kept_without_a_copy_and_its_next_turn_goes_on_in_its_buffer(decoder):
+    engine = Engine(decoder, max_batch_rows=8, kv_budget_bytes=1 << 30, max_top_n=8, hot_tier=HotTier())
+    prompt, more = (np.array(p) for p in prompts([9, 6], decoder.info.vocab_size, seed=21))
+    row = engine.prefill([PrefillInput("turn1", prompt, ARGMAX, cache=CACHED)])
+    step = engine.decode([DecodeInput(row.batch_id, np.array([17]), None)], greedy_steps=4)
+    buffers = engine.batches[step.batch_id].kv.values
+    engine.clear([step.batch_id])  # the turn ends: its batch goes with it
+    (resident,) = engine.hot._entries.values()
+    assert resident.owner is buffers and resident.nbytes == sum(v.tensor_size_in_bytes() for v in buffers)
+    before = [np.array(a) for a in resident.kv]
+    whole = np.array([*resident.ids, *more])
+    turn = PrefillInput("turn2", whole, FULL, cache=CACHED)
+    hit = engine.prefill([turn])
+    assert turn.adopted == len(resident.ids) and len(engine.hot) == 0  # taken over, out of the tier
+    assert engine.batches[hit.batch_id].kv.values[0] is buffers[0]  # the same buffer, written on in place
+    assert all(np.array_equal(a, b) for a, b in zip(resident.kv, before, strict=True))  # its past untouched
+    cold = engine.prefill([PrefillInput("cold", whole, FULL)])
+    assert np.abs(hit.logits - cold.logits).max() <= 1e-4

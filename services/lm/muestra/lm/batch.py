@@ -36,6 +36,15 @@ class RowCache:
     prompt_tokens: int = 0
 
 
+class OwnedPast(list):
+    """A row's past KV (one [kv_heads, p, head_dim] view per past input) that comes with the one-row buffer that
+    holds it, which the row's prefill takes over and writes on in place: nobody else reads past p or writes it."""
+
+    def __init__(self, arrays: list[np.ndarray], storage: KV) -> None:
+        super().__init__(arrays)
+        self.storage = storage
+
+
 def _token_matrix(rows: Sequence[np.ndarray]) -> np.ndarray:
     """Each row's ids left-aligned in one int32 matrix (its width a multiple of TOKENS_BLOCK)."""
     width = -(-max((len(r) for r in rows), default=0) // TOKENS_BLOCK) * TOKENS_BLOCK
@@ -228,7 +237,11 @@ class Batch:
                 ids[row, width - len(prompt) :] = prompt
             else:
                 ids[row, : len(prompt)] = prompt
-        kv = storage.from_rows(pasts, decoder.to_device, decoder.context_length, hold=max(hold, int(lengths.max())))
+        hold = max(hold, int(lengths.max()))
+        if len(pasts) == 1 and isinstance(pasts[0], OwnedPast):  # no copy: the row goes on in the buffer it came in
+            kv = pasts[0].storage.ready(hold, decoder.to_device, decoder.context_length)
+        else:
+            kv = storage.from_rows(pasts, decoder.to_device, decoder.context_length, hold=hold)
         logits, kv, us = _forward(decoder, kv, ids, lengths)
         rows = len(prompts)
         # Their ids are set by from_prefill, which knows the rows' pasts.

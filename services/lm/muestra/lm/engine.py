@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from muestra.lm.batch import NO_IDS, Batch, OutputSpec, RowCache
+from muestra.lm.batch import NO_IDS, Batch, OutputSpec, OwnedPast, RowCache
 from muestra.lm.hot_tier import HotTier, Resident, common_prefix
 from muestra.lm.lanes import Lanes, join
 from muestra.lm.model import OnnxDecoder
@@ -308,6 +308,10 @@ class Engine:
             batch, index = source
             row.past = [np.array(a) for a in batch.row_kv(index, best)]
             known = batch.cache[index]
+        elif self._takes_over(resident, best):
+            # The prompt goes on from the whole of a conversation's turn: it takes the turn's buffer over.
+            row.past = OwnedPast([a[:, :best] for a in resident.kv], self.decoder.storage_cls(list(resident.owner)))
+            known = resident
         else:
             row.past = [a[:, :best] for a in resident.kv]  # the tier's arrays are never written
             known = resident
@@ -317,6 +321,12 @@ class Engine:
             stored = min(known.stored_blocks, best // row.cache.block_size)
             if stored > row.cache.stored_blocks:
                 row.cache = dataclasses.replace(row.cache, stored_blocks=stored)
+
+    def _takes_over(self, resident: Resident, length: int) -> bool:
+        """Whether a prompt that starts with all of `resident` takes its buffer over (removing it from the tier)
+        rather than copying it: a lone row's shared buffer, which its next turn writes on past its end."""
+        whole = length == len(resident.ids) and resident.owner is not None
+        return whole and self.decoder.storage_cls.shares_buffer and self.hot.take(resident)
 
     def prefill(self, rows: Sequence[PrefillInput], lease: str = "") -> StepResult:
         for row in rows:

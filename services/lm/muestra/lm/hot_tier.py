@@ -117,6 +117,17 @@ class HotTier:
         KEPT.inc()
         return resident
 
+    def take(self, resident: Resident) -> bool:
+        """Remove `resident` for its buffers to be written on (a conversation's next turn goes on in them);
+        False when it is no longer here."""
+        with self._lock:
+            key = next((k for k, entry in self._entries.items() if entry is resident), None)
+            if key is None:
+                return False
+            self._drop(key)
+            self._gauges()
+        return True
+
     def evict(self, nbytes: int) -> int:
         """Drop least recently used entries until `nbytes` are freed (or none is left); the bytes freed."""
         freed = 0

@@ -184,7 +184,7 @@ def _leading(blocks: set[int], count: int) -> int:
 def _lower_priority() -> None:
     """Run this thread at a lower priority than the model's (Linux: per-thread nice)."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):
         pass
 

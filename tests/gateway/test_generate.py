@@ -213,6 +213,12 @@ def test_a_requests_own_tiny_deadline_fails_it_alone_and_never_ends_empty(stack,
     assert "deadline" in outcomes  # the short deadlines did cut requests before they streamed
     rest = list(bystander_stream)
     assert rest and bystander.wait().completions[0].finish_reason == "length"
+    # No prefill cut by its deadline left a batch on the lm (one cut as the lm answered used to hold its KV
+    # until the lease's idle limit).
+    deadline = time.monotonic() + 5
+    while stack.lm_rows() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stack.lm_rows() == 0
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,11 @@ from __future__ import annotations
 import threading
 import urllib.request
 
+import grpc
 import pytest
 
 from muestra.client import Client
+from muestra.v1 import gateway_pb2
 from tests.gateway.test_generate import PROMPT, hf_generate
 from tests.harness import free_port
 
@@ -104,3 +106,31 @@ def test_concurrent_bursts_and_sampled_rows_equal_their_runs_alone(stacks):
         assert got[i].completions[0].completion_tokens == job["max_tokens"]
     after = burst_metrics(port)
     assert after[1] - before[1] > after[0] - before[0], "no Decode ran more than one step"
+
+
+def test_prefills_cut_by_their_deadline_leave_bursts_running(stacks):
+    """A long prompt's prefill whose deadline passes while it waits for the model thread (or in its first
+    chunk) must not leave the lm thinking a prefill still waits: a burst ends early only while one does."""
+    bursting, port, _ = stacks
+    cut = 0
+    with Client(bursting.gateway.address, timeout=120) as c:
+        bystander = c.generate(PROMPT, max_tokens=400, ignore_eos=True, temperature=1.0, seed=3)
+        stream = iter(bystander)
+        next(stream)  # steps run on the lm while the prefills queue for its model thread
+        for attempt in range(40):
+            request = gateway_pb2.GenerateRequest(
+                prompt="la " * 200, max_tokens=4, seed=attempt, timeout_ms=(1, 2, 3, 5, 8)[attempt % 5]
+            )
+            try:
+                list(bursting.stub.Generate(request, timeout=30))
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error.details()
+                cut += 1
+        assert list(stream) and bystander.wait().completions[0].completion_tokens == 400
+    assert cut
+    before = burst_metrics(port)
+    with Client(bursting.gateway.address, timeout=120) as c:
+        generation = c.generate(PROMPT, max_tokens=40, ignore_eos=True, samplers=GREEDY).wait()
+    assert generation.completions[0].completion_tokens == 40
+    decodes, steps = (a - b for a, b in zip(burst_metrics(port), before, strict=True))
+    assert decodes < 12 and steps >= 38, (decodes, steps)

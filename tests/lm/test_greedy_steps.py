@@ -4,6 +4,8 @@ stop id, and what it cannot do is refused with INVALID_ARGUMENT before any batch
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
@@ -138,3 +140,44 @@ def test_a_burst_ends_at_its_next_step_when_a_prompt_waits_for_the_model(lm_serv
         ran = len(burst.result().output.rows[0].greedy_ids)
     assert 1 <= ran < 64, (ran, took)
     service.stub.Clear(lm_pb2.ClearRequest(batch_ids=[burst.result().batch_id, other.batch_id]))
+
+
+def test_prefills_cut_while_they_wait_for_the_model_leave_bursts_whole_and_nothing_held(lm_service):
+    """Prefills whose caller leaves (a deadline of a few ms) while they wait for the model thread, or in their
+    first chunk, are forgotten: later bursts run their whole length (none is cut for a prompt that no longer
+    waits) and no batch or KV reservation of theirs stays."""
+    import concurrent.futures
+
+    service = lm_service("llama", "--prefill-chunk-tokens", "32")
+    stub = service.stub
+    cut = 0
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for attempt in range(24):
+            # A long prompt in chunks, and a row's bursts, keep the model thread busy while the short-lived
+            # prefills queue.
+            busy = pool.submit(prefill, stub, prompts([400], 1024, seed=attempt), lm_pb2.ARGMAX)
+            running = prefill(stub, prompts([20], 1024, seed=50 + attempt), kind=lm_pb2.ARGMAX)
+            bursts = pool.submit(greedy, stub, running.batch_id, [row.argmax for row in running.output.rows], 64)
+            for timeout_s in (0.001, 0.004, 0.02):
+                request = lm_pb2.PrefillRequest(
+                    rows=[lm_pb2.PrefillRow(input_ids=prompts([300], 1024, seed=99 + attempt)[0])]
+                )
+                try:
+                    made = stub.Prefill(request, timeout=timeout_s)
+                except grpc.RpcError as error:
+                    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error.details()
+                    cut += 1
+                else:
+                    stub.Clear(lm_pb2.ClearRequest(batch_ids=[made.batch_id]))
+            stub.Clear(lm_pb2.ClearRequest(batch_ids=[busy.result().batch_id, bursts.result().batch_id]))
+    assert cut
+    load = stub.Describe(lm_pb2.DescribeModelRequest()).load
+    deadline = time.monotonic() + 5
+    while (load.rows or load.kv_bytes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        load = stub.Describe(lm_pb2.DescribeModelRequest()).load
+    assert (load.batches, load.rows, load.kv_bytes) == (0, 0, 0)
+    reply = prefill(stub, prompts([40], 1024, seed=7), kind=lm_pb2.ARGMAX)
+    burst = greedy(stub, reply.batch_id, [row.argmax for row in reply.output.rows], 32)
+    assert len(burst.output.rows[0].greedy_ids) == 32
+    stub.Clear(lm_pb2.ClearRequest(batch_ids=[burst.batch_id]))

@@ -87,10 +87,11 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         # Held by the prefill whose forward (or chunk) is queued or running on the model thread: decode steps
         # never queue behind more than one.
         self._chunk_turn = asyncio.Lock()
-        # Prefill jobs asked for (loop), started (model thread), and given up before submitted (loop): while one
-        # waits for the model thread, a greedy burst there ends at its next step. Each count has one writer.
-        self._prefills_asked = self._prefills_started = self._prefills_dropped = 0
-        engine.prefill_waiting = lambda: self._prefills_asked > self._prefills_started + self._prefills_dropped
+        # The prefill jobs that asked for a turn and have not begun on the model thread: while one waits, a greedy
+        # burst there ends at its next step. A job leaves the set when it begins, or when its turn ends without
+        # it having begun (never submitted, or cancelled in the queue).
+        self._prefills_waiting: set[_PrefillTurn] = set()
+        engine.prefill_waiting = lambda: bool(self._prefills_waiting)
         self.batch_idle_s = batch_idle_s
         # Open BatchSteps streams per lease: a lease's batches go when its last stream breaks.
         self._streams: dict[str, int] = {}
@@ -189,6 +190,9 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 except asyncio.CancelledError:
                     job.add_done_callback(lambda done: self._free_abandoned(done, lease))
                     raise
+        # A caller that left as the prefill ended (its deadline passed, it cancelled) gets no reply, and would
+        # never free the batch: the call's end says so, and the batch goes then.
+        context.add_done_callback(lambda done: self._free_unanswered(done, result.batch_id, lease))
         metrics.PREFILL_SECONDS.observe(result.forward_us / 1e6)
         metrics.PREFILL_TOKENS.observe(sum(row.input_ids.size for row in rows))
         writes = []
@@ -214,7 +218,13 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         step: asyncio.Future | None = None
         try:
             async with self._prefill_turn() as turn:
-                job = await turn.submit(self.engine.begin_prefill, row, lease, self.prefill_chunk_tokens)
+                begun = turn.submit(self.engine.begin_prefill, row, lease, self.prefill_chunk_tokens)
+                try:
+                    job = await asyncio.shield(begun)
+                except asyncio.CancelledError:
+                    # Its reservation is made on the model thread: it is freed there once made.
+                    begun.add_done_callback(self._abandon_begun)
+                    raise
             while True:
                 async with self._prefill_turn() as turn:
                     step = turn.submit(self._prefill_chunk, job)
@@ -240,14 +250,13 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
     async def _prefill_turn(self):
         """A prefill job's turn on the model thread: after the prefill job queued before it (decode steps are
         not held), and ending the greedy burst that runs there at its next step."""
-        self._prefills_asked += 1
         turn = _PrefillTurn(self)
+        self._prefills_waiting.add(turn)
         try:
             async with self._chunk_turn:
                 yield turn
         finally:
-            if not turn.submitted:
-                self._prefills_dropped += 1
+            self._prefills_waiting.discard(turn)
 
     def _prefill_chunk(self, job):
         """One chunk on the model thread; after the last, what _prefill returns."""
@@ -258,6 +267,11 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         output = batch_output(result.logits, result.specs, result.allowed)
         batch = self.engine.batches[result.batch_id]
         return result, output, batch.kv, batch.lengths.copy()
+
+    def _abandon_begun(self, begun: asyncio.Future) -> None:
+        if not begun.cancelled() and begun.exception() is None:
+            metrics.ABANDONED.labels("prefill cancelled").inc()
+            asyncio.get_running_loop().create_task(self._abandon(begun.result()))
 
     async def _abandon(self, job) -> None:
         if not self.closing:
@@ -307,6 +321,11 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         result, output = self._step_output(self.engine.prefill, rows, lease)
         batch = self.engine.batches[result.batch_id]
         return result, output, batch.kv, batch.lengths.copy()
+
+    def _free_unanswered(self, context, batch_id: str, lease: str) -> None:
+        if context.cancelled() and not self.closing:
+            metrics.ABANDONED.labels("prefill unanswered").inc()
+            asyncio.get_running_loop().create_task(self._on_model_thread(self.engine.clear, [batch_id], lease))
 
     def _free_abandoned(self, prefill: asyncio.Future, lease: str) -> None:
         if prefill.cancelled() or prefill.exception() is not None or self.closing:
@@ -471,13 +490,10 @@ class _PrefillTurn:
 
     def __init__(self, servicer: LanguageModelServicer) -> None:
         self.servicer = servicer
-        self.submitted = False
 
     def submit(self, fn, *args) -> asyncio.Future:
-        self.submitted = True
-
         def run():
-            self.servicer._prefills_started += 1  # written on the model thread only
+            self.servicer._prefills_waiting.discard(self)  # set operations hold the GIL: safe beside the loop
             return fn(*args)
 
         return asyncio.ensure_future(self.servicer._on_model_thread(run))

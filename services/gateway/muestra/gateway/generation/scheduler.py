@@ -50,6 +50,9 @@ log = logging.getLogger("muestra.gateway.scheduler")
 MAX_REROUTES = 1
 # Prefills in flight at once on one replica (the lm runs their chunks in turn, between decode steps).
 MAX_PREFILLS = 8
+# A prefill that nobody waits for any more is cancelled on the lm when its prompt is longer than this; a shorter
+# one (a fraction of a second) runs to its end and its batch is freed.
+CANCELLED_PREFILL_TOKENS = 512
 
 
 @dataclasses.dataclass
@@ -82,6 +85,8 @@ class ReplicaScheduler:
         self.batch = RunningBatch()
         # Requests being prefilled (out of `waiting`, not yet joining), in order of admission.
         self.prefilling: list[Prefilling] = []
+        # Clear calls for the batches of prefills that nobody waits for any more (references kept while they run).
+        self.background: set[asyncio.Task] = set()
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.steps = 0
@@ -286,7 +291,32 @@ class ReplicaScheduler:
                 prefix=prefix,
                 suppressed_token_ids=request.suppressed_token_ids,
             )
-            return await self.lm.prefill(lm_pb2.PrefillRequest(rows=[row]))
+            call = asyncio.ensure_future(self.lm.prefill(lm_pb2.PrefillRequest(rows=[row])))
+            try:
+                return await asyncio.shield(call)
+            except asyncio.CancelledError:
+                # Nobody waits for it any more (a cancel, a deadline). A short prompt's Prefill runs to its end and
+                # its batch is freed then: had the call been cancelled as the lm sent its reply, the lm would hold
+                # that batch (and its KV) until the lease's idle limit. A long one is cancelled, and the lm stops
+                # it at its next chunk (only a cancel that meets the last chunk's reply leaves its batch behind).
+                if len(request.prompt_ids) > CANCELLED_PREFILL_TOKENS:
+                    call.cancel()
+                call.add_done_callback(self._free_made)
+                raise
+
+    def _free_made(self, call: asyncio.Future) -> None:
+        if call.cancelled() or call.exception() is not None:
+            return
+        batch_id = call.result().batch_id
+        task = asyncio.get_running_loop().create_task(self._clear_quietly([batch_id]))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _clear_quietly(self, batch_ids: list[str]) -> None:
+        try:
+            await self.lm.clear(batch_ids)
+        except LmFailed as exc:  # a replica that is gone freed it with everything else
+            log.warning("freeing the batch of a cancelled prefill failed (%s)", exc)
 
     async def _prefill_or_wake(self) -> None:
         """Wait until a prefill is done or the loop is woken (a new request, a cancel) since its last admission."""

@@ -26,6 +26,9 @@ from pathlib import Path
 # One record of the ports handed out in this process: the tests start stacks of both kinds side by side.
 from tests.harness import free_port
 
+# redis-server's memory limit here (allkeys-lru; docker-compose.yml gives it 1gb unless MUESTRA_REDIS_MAXMEMORY says).
+REDIS_MAXMEMORY = 256 * 1024 * 1024
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_FIXTURE = ROOT / "models" / "tiny-text-fixture"
 DEFAULT_IMAGE_MODEL = ROOT / "models" / "muestra-image"
@@ -194,7 +197,7 @@ class LocalStack:
             self.redis_password = secrets.token_urlsafe(24)
             command = [
                 binary, "-", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru", "--dir", str(self.log_dir),
+                "--maxmemory", str(REDIS_MAXMEMORY), "--maxmemory-policy", "allkeys-lru", "--dir", str(self.log_dir),
                 "--pidfile", str(self.log_dir / f"redis-{port}.pid"),
             ]  # fmt: skip
             self.redis = Process(

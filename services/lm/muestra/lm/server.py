@@ -323,16 +323,18 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         return result, output, batch.kv, batch.lengths.copy()
 
     def _free_unanswered(self, context, batch_id: str, lease: str) -> None:
-        if context.cancelled() and not self.closing:
-            metrics.ABANDONED.labels("prefill unanswered").inc()
-            asyncio.get_running_loop().create_task(self._on_model_thread(self.engine.clear, [batch_id], lease))
+        if context.cancelled():
+            self._free_later(batch_id, lease, "prefill unanswered")
 
     def _free_abandoned(self, prefill: asyncio.Future, lease: str) -> None:
-        if prefill.cancelled() or prefill.exception() is not None or self.closing:
-            return
-        batch_id = prefill.result()[0].batch_id
-        metrics.ABANDONED.labels("prefill cancelled").inc()
-        asyncio.get_running_loop().create_task(self._on_model_thread(self.engine.clear, [batch_id], lease))
+        if not prefill.cancelled() and prefill.exception() is None:
+            self._free_later(prefill.result()[0].batch_id, lease, "prefill cancelled")
+
+    def _free_later(self, batch_id: str, lease: str, why: str) -> None:
+        """Free a batch whose caller will never Clear it (a service that is closing frees everything anyway)."""
+        if not self.closing:
+            metrics.ABANDONED.labels(why).inc()
+            asyncio.get_running_loop().create_task(self._on_model_thread(self.engine.clear, [batch_id], lease))
 
     async def Decode(self, request, context) -> lm_pb2.DecodeResponse:
         started = time.perf_counter()

@@ -13,7 +13,7 @@ import numpy as np
 import pluggy
 import pytest
 
-from muestra.gateway.samplers import BUILTIN_SAMPLER_MODULES
+from muestra.plugin.builtins import BUILTIN_SAMPLER_MODULES
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, new_rows, sample_next_tokens, validate_chain
 from muestra.plugin import REQUIRED, Int, LogitsProcessor, TokenSelector, hookimpl, hookspecs
 from muestra.runtime.errors import InvalidArgument
@@ -33,12 +33,12 @@ def test_example_plugin_is_discovered_through_its_entry_point(sampler_registry):
     assert plugin.samplers == ("mirostat",) and not plugin.disabled
 
 
-def test_builtins_are_plugins_of_the_gateway_distribution(sampler_registry):
+def test_builtins_are_plugins_of_the_plugin_api_distribution(sampler_registry):
     builtins = [e for e in sampler_registry.list() if e.plugin in BUILTIN_SAMPLER_MODULES]
     assert sorted(e.name for e in builtins) == sorted(BUILTIN_SAMPLER_MODULES)
     for entry in builtins:
         assert entry.plugin == entry.name
-        assert (entry.distribution, entry.version) == ("muestra-gateway", importlib.metadata.version("muestra-gateway"))
+        assert (entry.distribution, entry.version) == ("muestra-plugin", importlib.metadata.version("muestra-plugin"))
 
 
 def test_disabled_plugins_are_listed_but_register_nothing(monkeypatch):

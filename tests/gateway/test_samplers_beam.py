@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from muestra.gateway.samplers.beam_search import BeamSearch
+from muestra.plugin.builtins.beam_search import BeamSearch
 from muestra.gateway.sampling import ModelInfo, SearchRequest, run_search, validate_chain
 
 PAD = 1

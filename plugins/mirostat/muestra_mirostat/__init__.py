@@ -16,6 +16,7 @@ from muestra.plugin import Float, TokenSelector, column, hookimpl, softmax
 class MirostatV2(TokenSelector):
     name = "mirostat"
     description = "Mirostat v2: sample while keeping each token's surprise near tau (per-row state mu)."
+    runs_in_lm = True
     parameters = {
         "tau": Float(5.0, "Target surprise, in bits; lower is more focused.", gt=0.0, le=30.0),
         "eta": Float(0.1, "Learning rate of mu.", gt=0.0, le=1.0),

@@ -54,6 +54,7 @@ from muestra.plugin.samplers import (
     TokenSelector,
     check_sampler,
     kind_of,
+    pick_tokens,
 )
 
 PROJECT_NAME = "muestra"
@@ -98,5 +99,6 @@ __all__ = [
     "log_softmax",
     "mass_prefix_mask",
     "nucleus_threshold",
+    "pick_tokens",
     "softmax",
 ]

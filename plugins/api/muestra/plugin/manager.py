@@ -1,6 +1,6 @@
 """The plugin registry: built-ins first, then entry points, minus those disabled by name; what each registered.
 
-    plugins = Plugins.load({"greedy": "muestra.gateway.samplers.greedy"})
+    plugins = Plugins.load({"greedy": "muestra.plugin.builtins.greedy"})
     samplers = plugins.call_register_hook("register_samplers", "sampler", accept_sampler)
     plugins.records()  # every plugin found: origin, disabled, failures, names it registered per hook
 

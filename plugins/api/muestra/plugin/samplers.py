@@ -59,6 +59,14 @@ class RowContext:
         self._output[self._length] = token_id
         self._length += 1
 
+    def snapshot(self) -> tuple[dict, dict]:
+        """What a step may change besides the ids: the generator's position and the sampler state."""
+        return self.rng.bit_generator.state, copy.deepcopy(self.state) if self.state else {}
+
+    def restore(self, snapshot: tuple[dict, dict]) -> None:
+        """Put back what `snapshot` took (a step that failed and is retried)."""
+        self.rng.bit_generator.state, self.state = snapshot
+
     def fork(self, rng: np.random.Generator | None = None) -> RowContext:
         """An independent copy (n > 1, beam search); it shares the generator unless given one."""
         other = RowContext(self.prompt_ids, self.rng if rng is None else rng, self.output_ids)
@@ -75,6 +83,12 @@ class Sampler:
     # True only if the sampler never changes which token has the highest score (for
     # selectors: it always picks that token). A chain of such samplers needs only the argmax.
     argmax_invariant: ClassVar[bool] = False
+    # True if the lm service may run this sampler itself, several tokens in a row without asking the gateway
+    # (a sampled burst): it reads only its scores, its params and each row's RowContext, keeps every per-row
+    # state in RowContext.state as JSON values (numbers, strings, lists, dicts), and draws only from the
+    # row's rng. The lm loads the same plugin from the same entry point; a chain with a sampler that does
+    # not declare it, or that the lm lacks, is run by the gateway, a round trip per token.
+    runs_in_lm: ClassVar[bool] = False
 
     @property
     def parameter_schema(self) -> dict:
@@ -159,3 +173,29 @@ def check_sampler(sampler: object) -> None:
     """Raise TypeError or ValueError if `sampler` cannot be registered (the registry's own check)."""
     kinds = "LogitsProcessor, TokenSelector or SearchStrategy"
     check_registrable(sampler, lambda value: isinstance(value, SAMPLER_KINDS), kinds)
+
+
+def pick_tokens(
+    samplers: Sequence[Sampler], params: Sequence[Sequence[dict]], scores: np.ndarray, rows: Sequence[RowContext]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run one chain over rows that share its samplers: its processors in order, then its selector (the last).
+
+    params[position][row] are each row's params for the sampler at that position. `scores` (float32
+    [rows, vocab], the caller's own copy) ends as the processed scores the selector drew from. Returns the
+    picked ids, int64 [rows]; raises RuntimeError when a sampler breaks the interface's rules. The gateway
+    and the lm service both pick through this, so a row's token is the same whichever runs its chain.
+    """
+    *processors, selector = samplers
+    shape = scores.shape
+    for position, sampler in enumerate(processors):
+        scores = sampler.process(scores, params[position], rows)
+        if not isinstance(scores, np.ndarray) or scores.shape != shape:
+            raise RuntimeError(f"{sampler.name} returned scores of the wrong shape")
+    if np.isnan(scores).any() or not np.isfinite(scores).any(axis=-1).all():
+        raise RuntimeError("the processed scores are NaN or remove every token")
+    tokens = np.asarray(selector.select(scores, params[-1], rows), dtype=np.int64).reshape(-1)
+    if tokens.shape != (len(rows),) or ((tokens < 0) | (tokens >= shape[-1])).any():
+        raise RuntimeError(f"{selector.name} picked no token of the vocabulary")
+    if not np.isfinite(scores[np.arange(len(rows)), tokens]).all():
+        raise RuntimeError(f"{selector.name} picked a token that the processors removed")
+    return tokens, scores

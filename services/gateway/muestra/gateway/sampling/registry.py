@@ -7,9 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from muestra.gateway.samplers import BUILTIN_SAMPLER_MODULES
-from muestra.plugin import Sampler, check_sampler, kind_of
-from muestra.plugin.manager import Plugins, Registration
+from muestra.plugin import Sampler, kind_of
+from muestra.plugin.builtins import BUILTIN_SAMPLER_MODULES, load_samplers
 from muestra.v1 import gateway_pb2
 
 
@@ -70,11 +69,6 @@ class PluginSummary:
         )
 
 
-def _accept(sampler: Sampler) -> Registration:
-    check_sampler(sampler)
-    return Registration(sampler.name, sampler)
-
-
 class SamplerRegistry:
     """Samplers by name. Built from the plugins once; the hot path only reads it."""
 
@@ -87,8 +81,7 @@ class SamplerRegistry:
         cls, env: Mapping[str, str] | None = None, builtin_modules: Mapping[str, Any] = BUILTIN_SAMPLER_MODULES
     ) -> SamplerRegistry:
         """Built-ins, then every `muestra` entry point, minus those named in MUESTRA_DISABLE_PLUGINS."""
-        plugins = Plugins.load(builtin_modules, env)
-        registered = plugins.call_register_hook("register_samplers", "sampler", _accept)
+        plugins, registered = load_samplers(env, builtin_modules)
         samplers = [RegisteredSampler(e.value, e.plugin, e.distribution, e.version) for e in registered]
         summaries = [
             PluginSummary(

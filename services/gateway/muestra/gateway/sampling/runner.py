@@ -10,7 +10,6 @@ in the top alternatives.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ import numpy as np
 
 from muestra.gateway.constraints.masks import apply_mask
 from muestra.gateway.sampling.chain import Chain
-from muestra.plugin import RowContext, group_rows, log_softmax
+from muestra.plugin import RowContext, group_rows, log_softmax, pick_tokens
 from muestra.runtime.errors import InvalidArgument, check_limit
 from muestra.v1 import lm_pb2
 
@@ -146,14 +145,14 @@ def sample_next_tokens(
             result.errors[i] = "internal: the lm service returned no logits for a row that needs them"
     for _, members in group_rows([rows[i].chain.shape for i in with_logits]):
         index = [with_logits[m] for m in members]
-        saved = [_saved(rows[i].context) for i in index]
+        saved = [rows[i].context.snapshot() for i in index]
         try:
             _run_chain(rows, index, logits, logits_row, result)
         except Exception:  # noqa: BLE001 - retried row by row below, where it is logged
             # Isolate the failing rows: the others of the group still get their tokens, the same ones
             # (their generators and sampler state are put back as they were before the failed try).
             for i, snapshot in zip(index, saved, strict=True):
-                _restore(rows[i].context, snapshot)
+                rows[i].context.restore(snapshot)
             for i in index:
                 try:
                     _run_chain(rows, [i], logits, logits_row, result)
@@ -167,15 +166,6 @@ def sample_next_tokens(
     return result
 
 
-def _saved(context: RowContext) -> tuple[dict, dict]:
-    """What a step may change in a row besides its ids: the generator's position and sampler state."""
-    return context.rng.bit_generator.state, copy.deepcopy(context.state) if context.state else {}
-
-
-def _restore(context: RowContext, saved: tuple[dict, dict]) -> None:
-    context.rng.bit_generator.state, context.state = saved
-
-
 def _run_chain(rows, index: list[int], logits: np.ndarray, logits_row, result: StepResult) -> None:
     chain = rows[index[0]].chain
     contexts = [rows[i].context for i in index]
@@ -183,17 +173,8 @@ def _run_chain(rows, index: list[int], logits: np.ndarray, logits_row, result: S
     for k, i in enumerate(index):
         if rows[i].constraint is not None and not rows[i].mask_in_lm:
             apply_mask(scores[k], rows[i].constraint.mask)
-    for position, step in enumerate(chain.processors):
-        params = [rows[i].chain.processors[position].params for i in index]
-        scores = step.sampler.process(scores, params, contexts)
-        if not isinstance(scores, np.ndarray) or scores.shape != (len(index), logits.shape[-1]):
-            raise RuntimeError(f"{step.sampler.name} returned scores of the wrong shape")
-    if np.isnan(scores).any() or not np.isfinite(scores).any(axis=-1).all():
-        raise RuntimeError("the processed scores are NaN or remove every token")
-    params = [rows[i].chain.last.params for i in index]
-    tokens = np.asarray(chain.last.sampler.select(scores, params, contexts), dtype=np.int64).reshape(-1)
-    if tokens.shape != (len(index),) or not np.isfinite(scores[np.arange(len(index)), tokens]).all():
-        raise RuntimeError(f"{chain.last.sampler.name} picked a token that the processors removed")
+    params = [[rows[i].chain.steps[position].params for i in index] for position in range(len(chain.steps))]
+    tokens, scores = pick_tokens([step.sampler for step in chain.steps], params, scores, contexts)
     result.token_ids[index] = tokens
     wanted = [k for k, i in enumerate(index) if rows[i].logprobs]
     if not wanted:

@@ -10,6 +10,7 @@ BLOCK = 256
 class Sample(TokenSelector):
     name = "sample"
     description = "Draw the token from the softmax of the processed scores (multinomial sampling)."
+    runs_in_lm = True
 
     def select(self, logits, params, rows) -> np.ndarray:
         # Inverse-CDF sampling, one uniform draw per row from that row's generator, so a row's

@@ -8,6 +8,7 @@ from muestra.plugin import Float, LogitsProcessor, column, log_softmax, mass_pre
 class TypicalP(LogitsProcessor):
     name = "typical_p"
     description = "Keep the tokens whose surprise is closest to the entropy, up to typical_p of the mass."
+    runs_in_lm = True
     parameters = {"typical_p": Float(0.9, "Probability mass to keep.", gt=0.0, lt=1.0)}
     # It can drop the most likely token when that token is far more predictable than average.
     argmax_invariant = False

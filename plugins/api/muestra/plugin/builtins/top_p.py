@@ -8,6 +8,7 @@ from muestra.plugin import Float, LogitsProcessor, column, nucleus_threshold
 class TopP(LogitsProcessor):
     name = "top_p"
     description = "Keep the smallest set of most likely tokens whose probability reaches top_p."
+    runs_in_lm = True
     parameters = {"top_p": Float(1.0, "Probability mass to keep.", gt=0.0, le=1.0)}
     argmax_invariant = True
 

@@ -30,6 +30,7 @@ def _parse_bias(value) -> dict[int, float]:
 class LogitBias(LogitsProcessor):
     name = "logit_bias"
     description = "Add a bias in [-100, 100] to the scores of the given token ids (OpenAI's logit_bias)."
+    runs_in_lm = True
     parameters = {
         "logit_bias": Param(
             REQUIRED,

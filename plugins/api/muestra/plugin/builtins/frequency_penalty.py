@@ -8,6 +8,7 @@ from muestra.plugin import Float, LogitsProcessor
 class FrequencyPenalty(LogitsProcessor):
     name = "frequency_penalty"
     description = "Subtract frequency_penalty times the count of each token generated so far (OpenAI)."
+    runs_in_lm = True
     parameters = {
         "frequency_penalty": Float(0.0, "Positive discourages, negative encourages repeats.", ge=-2.0, le=2.0)
     }

@@ -12,6 +12,7 @@ from muestra.plugin import Float, LogitsProcessor
 class RepetitionPenalty(LogitsProcessor):
     name = "repetition_penalty"
     description = "Divide positive (multiply negative) scores of tokens seen in the prompt or output."
+    runs_in_lm = True
     parameters = {
         "repetition_penalty": Float(1.0, "Above 1 discourages repeats, below 1 encourages.", gt=0.0, le=100.0)
     }

@@ -8,6 +8,7 @@ from muestra.plugin import Float, LogitsProcessor, column
 class MinP(LogitsProcessor):
     name = "min_p"
     description = "Drop tokens whose probability is below min_p times the top token's probability."
+    runs_in_lm = True
     parameters = {"min_p": Float(0.0, "Fraction of the top probability a token needs.", ge=0.0, le=1.0)}
     argmax_invariant = True
 

@@ -8,6 +8,7 @@ from muestra.plugin import Int, LogitsProcessor, group_rows, kth_largest
 class TopK(LogitsProcessor):
     name = "top_k"
     description = "Keep only the k highest-scoring tokens."
+    runs_in_lm = True
     parameters = {"top_k": Int(50, "How many tokens to keep.", ge=1, le=1_000_000)}
     argmax_invariant = True
 

@@ -8,6 +8,7 @@ from muestra.plugin import Float, LogitsProcessor
 class PresencePenalty(LogitsProcessor):
     name = "presence_penalty"
     description = "Subtract presence_penalty from the score of every token generated so far (OpenAI)."
+    runs_in_lm = True
     parameters = {"presence_penalty": Float(0.0, "Positive discourages, negative encourages repeats.", ge=-2.0, le=2.0)}
 
     def process(self, logits, params, rows):

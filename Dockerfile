@@ -105,11 +105,12 @@ FROM runtime AS lm
 
 # Its own dependencies, from its pyproject.toml alone, before any code.
 ARG ONNXRUNTIME_EXTRAS=""
+COPY plugins/api/pyproject.toml plugins/api/
 COPY services/lm/pyproject.toml services/lm/
 # With CUDA extras, NVIDIA's wheels put their libraries under site-packages/nvidia/*/lib; the dynamic linker
 # is told about them so that onnxruntime's CUDA provider finds libcudart, cuBLAS and cuDNN without a CUDA base.
 RUN python -c 'import sys, tomllib; print("\n".join(d for p in sys.argv[1:] for d in tomllib.load(open(p + "/pyproject.toml", "rb"))["project"]["dependencies"] if not d.startswith("muestra")))' \
-        services/lm > /tmp/requirements.txt \
+        plugins/api services/lm > /tmp/requirements.txt \
  && if [ -n "${ONNXRUNTIME_EXTRAS}" ]; then echo "onnxruntime-gpu[${ONNXRUNTIME_EXTRAS}]" >> /tmp/requirements.txt; fi \
  && pip install --no-cache-dir -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt \
@@ -124,8 +125,10 @@ COPY --from=default-text-model /opt/muestra/models/smollm2-135m-instruct/ /opt/m
 # Then the code, without dependencies.
 COPY proto/ proto/
 COPY services/runtime/ services/runtime/
+COPY plugins/api/ plugins/api/
 COPY services/lm/ services/lm/
-RUN pip install --no-cache-dir --no-deps ./proto ./services/runtime ./services/lm
+# The sampler plugins (built-ins, and any other installed here too) run in sampled bursts (docs/plugins.md).
+RUN pip install --no-cache-dir --no-deps ./proto ./services/runtime ./plugins/api ./services/lm
 
 USER 10001:10001
 # The NVIDIA Container Toolkit mounts the driver's compute libraries when a GPU is requested.

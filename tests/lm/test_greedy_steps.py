@@ -92,7 +92,7 @@ def test_what_greedy_steps_cannot_do_is_refused_and_the_batch_kept(lm_service):
     logits = lm_pb2.DecodeRequest(greedy_steps=4)
     logits.batches.add(batch_id=batch_id, next_ids=ids, outputs=[lm_pb2.OutputSpec(kind=lm_pb2.ARGMAX)] * 2)
     logits.batches[0].outputs[1].kind = lm_pb2.LOGITS
-    cases.append((logits, "greedy_steps: every row must want ARGMAX outputs; row 1 does not"))
+    cases.append((logits, "greedy_steps: every row must want ARGMAX outputs or have a sampler chain; row 1 does not"))
     masked = lm_pb2.DecodeRequest(greedy_steps=4)
     masked.batches.add(batch_id=batch_id, next_ids=ids)
     masked.batches[0].outputs.add(kind=lm_pb2.ARGMAX, allowed_tokens=b"\xff")

@@ -50,7 +50,7 @@ class ServiceLoad(_message.Message):
     def __init__(self, batches: _Optional[int] = ..., rows: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ...) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "context_length", "vocab_size", "eos_token_ids", "providers", "kv", "load", "max_batch_rows", "generation_config_json", "max_greedy_steps", "max_draft_tokens")
+    __slots__ = ("model", "fingerprint", "context_length", "vocab_size", "eos_token_ids", "providers", "kv", "load", "max_batch_rows", "generation_config_json", "max_greedy_steps", "max_draft_tokens", "samplers")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class DescribeModelResponse(_message.Message):
     GENERATION_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     MAX_GREEDY_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLERS_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     context_length: int
@@ -75,7 +76,32 @@ class DescribeModelResponse(_message.Message):
     generation_config_json: str
     max_greedy_steps: int
     max_draft_tokens: int
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., providers: _Optional[_Iterable[str]] = ..., kv: _Optional[_Union[KvLayout, _Mapping]] = ..., load: _Optional[_Union[ServiceLoad, _Mapping]] = ..., max_batch_rows: _Optional[int] = ..., generation_config_json: _Optional[str] = ..., max_greedy_steps: _Optional[int] = ..., max_draft_tokens: _Optional[int] = ...) -> None: ...
+    samplers: _containers.RepeatedCompositeFieldContainer[SamplerSource]
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., providers: _Optional[_Iterable[str]] = ..., kv: _Optional[_Union[KvLayout, _Mapping]] = ..., load: _Optional[_Union[ServiceLoad, _Mapping]] = ..., max_batch_rows: _Optional[int] = ..., generation_config_json: _Optional[str] = ..., max_greedy_steps: _Optional[int] = ..., max_draft_tokens: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSource, _Mapping]]] = ...) -> None: ...
+
+class SamplerSource(_message.Message):
+    __slots__ = ("name", "distribution", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    distribution: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class RowSampler(_message.Message):
+    __slots__ = ("chain_json", "rng_json", "state_json", "prompt_ids", "output_ids")
+    CHAIN_JSON_FIELD_NUMBER: _ClassVar[int]
+    RNG_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    chain_json: str
+    rng_json: str
+    state_json: str
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    output_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, chain_json: _Optional[str] = ..., rng_json: _Optional[str] = ..., state_json: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., output_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class OutputSpec(_message.Message):
     __slots__ = ("kind", "top_n", "allowed_tokens")
@@ -130,7 +156,7 @@ class BatchOutput(_message.Message):
     def __init__(self, logits: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowOutput, _Mapping]]] = ...) -> None: ...
 
 class RowOutput(_message.Message):
-    __slots__ = ("logits_row", "argmax", "top_ids", "top_logits", "logsumexp", "cached_tokens", "greedy_ids", "positions", "accepted_drafts", "cache_tier")
+    __slots__ = ("logits_row", "argmax", "top_ids", "top_logits", "logsumexp", "cached_tokens", "greedy_ids", "positions", "accepted_drafts", "cache_tier", "rng_json", "state_json", "sampler_error")
     LOGITS_ROW_FIELD_NUMBER: _ClassVar[int]
     ARGMAX_FIELD_NUMBER: _ClassVar[int]
     TOP_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +167,9 @@ class RowOutput(_message.Message):
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     CACHE_TIER_FIELD_NUMBER: _ClassVar[int]
+    RNG_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_ERROR_FIELD_NUMBER: _ClassVar[int]
     logits_row: int
     argmax: int
     top_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -151,7 +180,10 @@ class RowOutput(_message.Message):
     positions: int
     accepted_drafts: int
     cache_tier: str
-    def __init__(self, logits_row: _Optional[int] = ..., argmax: _Optional[int] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logits: _Optional[_Iterable[float]] = ..., logsumexp: _Optional[float] = ..., cached_tokens: _Optional[int] = ..., greedy_ids: _Optional[_Iterable[int]] = ..., positions: _Optional[int] = ..., accepted_drafts: _Optional[int] = ..., cache_tier: _Optional[str] = ...) -> None: ...
+    rng_json: str
+    state_json: str
+    sampler_error: str
+    def __init__(self, logits_row: _Optional[int] = ..., argmax: _Optional[int] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logits: _Optional[_Iterable[float]] = ..., logsumexp: _Optional[float] = ..., cached_tokens: _Optional[int] = ..., greedy_ids: _Optional[_Iterable[int]] = ..., positions: _Optional[int] = ..., accepted_drafts: _Optional[int] = ..., cache_tier: _Optional[str] = ..., rng_json: _Optional[str] = ..., state_json: _Optional[str] = ..., sampler_error: _Optional[str] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("forward_us", "total_us")
@@ -172,20 +204,22 @@ class PrefillResponse(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., output: _Optional[_Union[BatchOutput, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
 
 class DecodeBatch(_message.Message):
-    __slots__ = ("batch_id", "next_ids", "outputs", "draft_lengths", "draft_ids", "rollback")
+    __slots__ = ("batch_id", "next_ids", "outputs", "draft_lengths", "draft_ids", "rollback", "samplers")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     NEXT_IDS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_IDS_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    SAMPLERS_FIELD_NUMBER: _ClassVar[int]
     batch_id: str
     next_ids: _containers.RepeatedScalarFieldContainer[int]
     outputs: _containers.RepeatedCompositeFieldContainer[OutputSpec]
     draft_lengths: _containers.RepeatedScalarFieldContainer[int]
     draft_ids: _containers.RepeatedScalarFieldContainer[int]
     rollback: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, batch_id: _Optional[str] = ..., next_ids: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[_Union[OutputSpec, _Mapping]]] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., draft_ids: _Optional[_Iterable[int]] = ..., rollback: _Optional[_Iterable[int]] = ...) -> None: ...
+    samplers: _containers.RepeatedCompositeFieldContainer[RowSampler]
+    def __init__(self, batch_id: _Optional[str] = ..., next_ids: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[_Union[OutputSpec, _Mapping]]] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., draft_ids: _Optional[_Iterable[int]] = ..., rollback: _Optional[_Iterable[int]] = ..., samplers: _Optional[_Iterable[_Union[RowSampler, _Mapping]]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("batches", "tokens_per_row", "greedy_steps", "stop_token_ids")

@@ -44,6 +44,13 @@ class LmConfig(ServiceConfig, RedisConfig):
     max_greedy_steps: int = dataclasses.field(
         default=64, metadata={"help": "most greedy steps one Decode may run (DecodeRequest.greedy_steps)"}
     )
+    samplers: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "run sampled rows' sampler chains here, several tokens per Decode (sampled bursts), with the "
+            "installed sampler plugins that declare runs_in_lm; off: the gateway runs every chain"
+        },
+    )
     max_draft_tokens: int = dataclasses.field(
         default=16,
         metadata={"help": "most draft tokens one row may have verified in one Decode (DecodeBatch.draft_lengths)"},

@@ -23,6 +23,7 @@ from muestra.lm.hot_tier import HotTier, Resident, common_prefix
 from muestra.lm.lanes import Lanes, join
 from muestra.lm.model import OnnxDecoder
 from muestra.lm.prefix_cache import MIN_SUFFIX
+from muestra.lm.sampling import LmSamplers, SampledRow, pick
 from muestra.runtime.errors import InvalidArgument, ResourceExhausted, check_limit
 from muestra.v1 import lm_pb2
 
@@ -62,6 +63,8 @@ class DecodeInput:
     drafts: list[np.ndarray] | None = None
     # Per row, how many tokens to drop from the end of its KV before the step (rejected drafts), or None.
     rollback: np.ndarray | None = None
+    # Per row, the chain that picks its tokens in this call (a sampled row), or None: its argmax. None: no row.
+    samplers: list[SampledRow | None] | None = None
 
 
 @dataclasses.dataclass
@@ -72,8 +75,8 @@ class StepResult:
     forward_us: int
     # Per row, the allowed-token bitmask applied to this step's logits (b"": none).
     allowed: list[bytes] | None = None
-    # With greedy steps: int64 [rows, steps run], each row's argmax after each step (the last column is
-    # the argmax of `logits`).
+    # With greedy steps or sampled rows: int64 [rows, steps run], each row's pick after each step (its argmax, or
+    # a sampled row's chain's token). A row whose chain failed has no pick in the last column (sampler_errors).
     greedy_ids: np.ndarray | None = None
     # With drafts, per row: a LOGITS row's logits after each of its drafts ([drafts, vocab], after its row of
     # `logits`), or an ARGMAX row's count of accepted drafts (`logits` is then after the last one); else None.
@@ -81,6 +84,13 @@ class StepResult:
     accepted: list[int | None] | None = None
     # With drafts: how many each row had.
     drafted: list[int] | None = None
+    # With sampled rows: each row's SampledRow (None for the others), and why a row's chain failed (else None).
+    sampled: list[SampledRow | None] | None = None
+    sampler_errors: list[str | None] | None = None
+
+    @property
+    def steps_run(self) -> int:
+        return self.greedy_ids.shape[1] if self.greedy_ids is not None else 1
 
 
 @dataclasses.dataclass
@@ -120,6 +130,7 @@ class Engine:
         max_greedy_steps: int = 64,
         max_draft_tokens: int = 16,
         hot_tier: HotTier | None = None,
+        samplers: LmSamplers | None = None,
     ) -> None:
         self.decoder = decoder
         self.info = decoder.info
@@ -142,6 +153,8 @@ class Engine:
         self._suppressed_sets: dict[bytes, np.ndarray] = {}
         # The KV of rows that left, kept within the budget's room (None: none is kept).
         self.hot = hot_tier
+        # The sampler chains this service runs for sampled rows (None: it runs none).
+        self.samplers = samplers
         # Whether a prefill waits for the model thread (the server's); a greedy burst then ends at its next step.
         self.prefill_waiting: Callable[[], bool] = lambda: False
         # Called on this thread with each cached row that leaves (its KV, as the hot tier keeps it, and its
@@ -416,6 +429,10 @@ class Engine:
         if drafting and (tokens_per_row > 1 or greedy_steps > 1):
             field = "tokens_per_row" if tokens_per_row > 1 else "greedy_steps"
             raise InvalidArgument(field, "a Decode with draft tokens feeds one next id per row and runs one step")
+        sampling = any(item.samplers is not None for item in items)
+        if sampling and (tokens_per_row > 1 or drafting):
+            field = "tokens_per_row" if tokens_per_row > 1 else "draft_lengths"
+            raise InvalidArgument(field, "rows with samplers feed one next id per row and take no drafts")
         # The KV a call may add to a row: its fed tokens, then one per greedy step after the first.
         added = tokens_per_row + greedy_steps - 1
         seen = set()
@@ -433,6 +450,10 @@ class Engine:
             if item.outputs is not None and len(item.outputs) != batch.rows:
                 raise InvalidArgument(
                     f"batches[{i}].outputs", f"got {len(item.outputs)} specs for a batch of {batch.rows} rows"
+                )
+            if item.samplers is not None and len(item.samplers) != batch.rows:
+                raise InvalidArgument(
+                    f"batches[{i}].samplers", f"got {len(item.samplers)} samplers for a batch of {batch.rows} rows"
                 )
             self.check_ids(f"batches[{i}].next_ids", item.next_ids)
             held = batch.lengths - self._check_rollback(i, item, batch)
@@ -461,12 +482,21 @@ class Engine:
         allowed = None
         if any(item.allowed for item in items):
             allowed = [a for item, b in zip(items, batches, strict=True) for a in (item.allowed or [b""] * b.rows)]
-        if greedy_steps > 1:
+        sampled = None
+        if sampling:
+            sampled = [s for item, b in zip(items, batches, strict=True) for s in (item.samplers or [None] * b.rows)]
+        if greedy_steps > 1 or sampling:
+            field = "greedy_steps" if greedy_steps > 1 else "samplers"
             if allowed is not None and any(allowed):
-                raise InvalidArgument("greedy_steps", "rows with allowed_tokens masks take one step per call")
-            wrong = next((r for r, (kind, _) in enumerate(specs) if kind != lm_pb2.ARGMAX), None)
-            if wrong is not None:
-                raise InvalidArgument("greedy_steps", f"every row must want ARGMAX outputs; row {wrong} does not")
+                raise InvalidArgument(field, "rows with allowed_tokens masks take one step per call, with no samplers")
+            wrong = next(
+                (r for r, (kind, _) in enumerate(specs) if kind != lm_pb2.ARGMAX and (not sampled or not sampled[r])),
+                None,
+            )
+            if greedy_steps > 1 and wrong is not None:
+                raise InvalidArgument(
+                    "greedy_steps", f"every row must want ARGMAX outputs or have a sampler chain; row {wrong} does not"
+                )
         drafts = None
         if drafting:
             drafts = [d for item, b in zip(items, batches, strict=True) for d in (item.drafts or [NO_IDS] * b.rows)]
@@ -482,8 +512,11 @@ class Engine:
             batch.outputs = specs
             result.batch_id = self._store(batch, lease, [item.batch_id for item in items])
             return result
-        if greedy_steps > 1:
-            logits, forward_us, greedy_ids = self._greedy_steps(batch, next_ids, greedy_steps, stop_ids, items)
+        errors = None
+        if greedy_steps > 1 or sampling:
+            logits, forward_us, greedy_ids, errors = self._burst(
+                batch, next_ids, greedy_steps, stop_ids, items, sampled
+            )
         else:
             # step() changes the batch only once its forward has succeeded.
             logits, forward_us = batch.step(self.decoder, next_ids)
@@ -491,7 +524,11 @@ class Engine:
             greedy_ids = None
         batch.outputs = specs
         stored = self._store(batch, lease, [item.batch_id for item in items])
-        return StepResult(stored, logits, specs, forward_us, allowed, greedy_ids)
+        if sampled is not None:  # a sampled row's tokens are in greedy_ids: no logits to ship
+            specs = [(lm_pb2.ARGMAX, 0) if row is not None else spec for row, spec in zip(sampled, specs, strict=True)]
+        return StepResult(
+            stored, logits, specs, forward_us, allowed, greedy_ids, sampled=sampled, sampler_errors=errors
+        )
 
     def _check_rollback(self, i: int, item: DecodeInput, batch: Batch) -> np.ndarray:
         """The tokens each row drops before the step (item.rollback, checked), or zeros."""
@@ -563,14 +600,22 @@ class Engine:
         drafted = [int(d.size) for d in drafts]
         return StepResult("", last, specs, forward_us, allowed, None, draft_logits, accepted, drafted)
 
-    def _greedy_steps(
-        self, batch: Batch, next_ids: np.ndarray, steps: int, stop_ids: Sequence[int], items: Sequence[DecodeInput]
-    ) -> tuple[np.ndarray, int, np.ndarray]:
-        """Step `batch` up to `steps` times, feeding each row's argmax back; last logits, µs, [rows, run] ids."""
+    def _burst(
+        self,
+        batch: Batch,
+        next_ids: np.ndarray,
+        steps: int,
+        stop_ids: Sequence[int],
+        items: Sequence[DecodeInput],
+        sampled: list[SampledRow | None] | None,
+    ) -> tuple[np.ndarray, int, np.ndarray, list[str | None] | None]:
+        """Step `batch` up to `steps` times, feeding each row's pick back (its argmax, or its chain's token); the
+        last logits, µs, each row's picks, and each row's chain error. A chain that fails ends the call there."""
         stops = np.asarray(sorted(set(stop_ids)), dtype=np.int64)
         stopped = np.zeros(batch.rows, dtype=bool)
         taken: list[np.ndarray] = []
         forward_us = 0
+        errors = None
         for step in range(steps):
             try:
                 logits, us = batch.step(self.decoder, next_ids)
@@ -580,9 +625,14 @@ class Engine:
                         self._drop(item.batch_id)
                 raise
             forward_us += us
-            batch.suppress(logits)  # greedy steps take no allowed-token masks
+            batch.suppress(logits)  # bursts take no allowed-token masks
             next_ids = logits.argmax(axis=-1)
+            if sampled is not None:
+                picks, errors = pick(sampled, logits)
+                next_ids = np.where(picks >= 0, picks, next_ids)
             taken.append(next_ids)
+            if errors is not None and any(errors):
+                break  # the failing rows end here; their callers get the error
             if stops.size:
                 stopped |= np.isin(next_ids, stops)
                 if stopped.all():
@@ -590,7 +640,7 @@ class Engine:
             if self.prefill_waiting():
                 break  # a prompt waits for the model thread: it goes after this step, not after the whole burst
             next_ids = next_ids[:, None]
-        return logits, forward_us, np.stack(taken, axis=1)
+        return logits, forward_us, np.stack(taken, axis=1), errors
 
     def filter(self, batch_id: str, rows: Sequence[int], lease: str = "") -> tuple[str, int]:
         batch = self._batch("batch_id", batch_id, lease)

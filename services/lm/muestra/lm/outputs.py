@@ -53,7 +53,7 @@ def batch_output(
     """Pack a step's last-position logits (float32 [rows, vocab]) per row spec; argmax is always set.
 
     Rows with an allowed-token bitmask are masked first, so their argmax, top-n and logits all see
-    only the allowed tokens. `greedy_ids` ([rows, steps], from greedy steps) go to each row's greedy_ids.
+    only the allowed tokens. `greedy_ids` ([rows, steps], a burst's picks) go to each row's greedy_ids.
     A LOGITS row with `draft_logits` ships them right after its own row (RowOutput.positions); an ARGMAX
     row's `accepted` count goes to its accepted_drafts."""
     if allowed is not None and any(allowed):

@@ -18,6 +18,8 @@ from muestra.lm.engine import DecodeInput, Engine, Load, PrefillInput, StepResul
 from muestra.lm.model import OnnxDecoder
 from muestra.lm.outputs import batch_output
 from muestra.lm.prefix_cache import MIN_SUFFIX, PrefixCache, PrefixPlan
+from muestra.lm.sampling import LmSamplers, SampledRow
+from muestra.plugin import ModelInfo
 from muestra.runtime import ServiceSpec
 from muestra.runtime.errors import InvalidArgument, check_limit
 from muestra.runtime.logs import joined_request_ids, request_id_scope, valid_request_id
@@ -65,6 +67,22 @@ def _count_drafts(result: StepResult) -> None:
     """Draft tokens a verification step scored, and how many of the ARGMAX rows' drafts it accepted."""
     metrics.DRAFT_TOKENS.inc(sum(result.drafted or ()))
     metrics.ACCEPTED_DRAFT_TOKENS.inc(sum(a for a in result.accepted if a is not None))
+
+
+def _sampled_states(result: StepResult, output: lm_pb2.BatchOutput) -> None:
+    """Each sampled row's generator and sampler state after its picks, or why its chain failed."""
+    errors = result.sampler_errors or [None] * len(output.rows)
+    for row, error, out in zip(result.sampled, errors, output.rows, strict=True):
+        if row is None:
+            continue
+        if error:
+            out.sampler_error = error
+            del out.greedy_ids[-1]  # the step where it failed picked nothing for it
+            continue
+        try:
+            out.rng_json, out.state_json = row.state()
+        except (TypeError, ValueError) as exc:  # a plugin kept state that JSON cannot carry
+            out.sampler_error = f"sampler chain failed: its state cannot go back to the gateway as JSON ({exc})"
 
 
 def _load(load: Load) -> lm_pb2.ServiceLoad:
@@ -136,6 +154,8 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         )
         if result.accepted is not None:
             _count_drafts(result)
+        if result.sampled is not None:
+            _sampled_states(result, output)
         return result, output
 
     async def Describe(self, request, context) -> lm_pb2.DescribeModelResponse:
@@ -159,6 +179,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             generation_config_json=info.generation_config_json,
             max_greedy_steps=self.engine.max_greedy_steps,
             max_draft_tokens=self.engine.max_draft_tokens,
+            samplers=self.engine.samplers.sources() if self.engine.samplers is not None else [],
         )
 
     async def Prefill(self, request, context) -> lm_pb2.PrefillResponse:
@@ -357,6 +378,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                     allowed or None,
                     _drafts(i, batch),
                     _ids(batch.rollback) if batch.rollback else None,
+                    self._samplers(i, batch),
                 )
             )
         tokens = request.tokens_per_row or 1
@@ -367,10 +389,21 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         result, output = await run(
             self._step_output, self.engine.decode, items, lease_of(context), tokens, steps, list(request.stop_token_ids)
         )
-        steps_run = result.greedy_ids.shape[1] if result.greedy_ids is not None else 1
+        steps_run = result.steps_run
         metrics.DECODE_STEP_SECONDS.observe(result.forward_us / 1e6 / steps_run)
         metrics.BATCH_ROWS.observe(len(output.rows))
         return lm_pb2.DecodeResponse(batch_id=result.batch_id, output=output, timing=self._timing(result, started))
+
+    def _samplers(self, i: int, batch: lm_pb2.DecodeBatch) -> list[SampledRow | None] | None:
+        """The batch's sampled rows (DecodeBatch.samplers), parsed and checked here, on the event loop."""
+        if not batch.samplers:
+            return None
+        if self.engine.samplers is None:
+            raise InvalidArgument(f"batches[{i}].samplers", "this lm runs no samplers (it was started with none)")
+        return [
+            self.engine.samplers.row(f"batches[{i}].samplers[{j}]", row) if row.chain_json else None
+            for j, row in enumerate(batch.samplers)
+        ]
 
     async def BatchSteps(self, request_iterator, context):
         lease = lease_of(context)
@@ -459,6 +492,8 @@ def load_engine(config: LmConfig) -> Engine:
         decoder, config.max_batch_rows, config.kv_budget_bytes, config.max_top_n, config.max_tokens_per_row,
         config.max_greedy_steps, config.max_draft_tokens,
     )  # fmt: skip
+    if config.samplers:
+        engine.samplers = LmSamplers.load(ModelInfo(info.vocab_size, tuple(info.eos_token_ids), info.context_length))
     if engine.drafts_refused:
         log.info("drafts off: %s", engine.drafts_refused)
     return engine

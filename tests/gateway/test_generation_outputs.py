@@ -16,7 +16,7 @@ from muestra.gateway.generation import outputs
 from muestra.gateway.generation.outputs import OutputProcessor
 from muestra.gateway.generation.request import GenerationRequest, Sequence
 from muestra.gateway.sampling import ModelInfo, new_rows, validate_chain
-from muestra.v1 import gateway_pb2
+from muestra.v1 import gateway_pb2, lm_pb2
 
 VOCAB = 64
 EOS = 2
@@ -134,10 +134,15 @@ def test_ids_past_the_tokenizer_vocabulary_are_fed_but_not_detokenized(sampler_r
     assert row.pending_token == 61 and row.generated == [61] and not row.detok.pending
 
 
+def burst(*picks: list[int]) -> list[lm_pb2.RowOutput]:
+    """RowOutputs of a greedy burst: each row's picks."""
+    return [lm_pb2.RowOutput(greedy_ids=ids) for ids in picks]
+
+
 def test_a_burst_is_cut_after_the_row_ends(sampler_registry):
     processor = OutputProcessor(Model())
     ends_at_eos, ends_at_length = make_row(sampler_registry), make_row(sampler_registry, max_tokens=2)
-    processor.accept_burst([ends_at_eos, ends_at_length], [[11, EOS, 12, 13], [21, 22, 23, 24]])
+    processor.accept_burst([ends_at_eos, ends_at_length], burst([11, EOS, 12, 13], [21, 22, 23, 24]))
     assert ends_at_eos.generated == [11, EOS] and ends_at_eos.finish_reason == gateway_pb2.STOP
     assert ends_at_length.generated == [21, 22] and ends_at_length.finish_reason == gateway_pb2.LENGTH
     # The samplers' context holds what the row took, and nothing is left to feed.
@@ -146,7 +151,7 @@ def test_a_burst_is_cut_after_the_row_ends(sampler_registry):
 
 def test_a_burst_row_keeps_its_last_token_pending(sampler_registry):
     row = make_row(sampler_registry)
-    OutputProcessor(Model()).accept_burst([row], [[11, 12, 13]])
+    OutputProcessor(Model()).accept_burst([row], burst([11, 12, 13]))
     # The lm fed every burst token but the last itself: that one is fed with the next step.
     assert row.generated == [11, 12, 13] and row.pending_token == 13 and not row.finished
 

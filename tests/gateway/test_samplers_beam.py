@@ -15,8 +15,8 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from muestra.plugin.builtins.beam_search import BeamSearch
 from muestra.gateway.sampling import ModelInfo, SearchRequest, run_search, validate_chain
+from muestra.plugin.builtins.beam_search import BeamSearch
 
 PAD = 1
 

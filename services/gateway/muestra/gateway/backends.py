@@ -53,6 +53,23 @@ class LmReplica:
     kv: KvBudget | None = None
     # Most draft tokens one row may have verified there per Decode (its Describe's; 0: none).
     max_draft_tokens: int = 0
+    # The samplers it runs itself in sampled bursts, as (name, distribution, version) (lm_samplers()).
+    samplers: frozenset[tuple[str, str, str]] = frozenset()
+
+    def described(self, info: lm_pb2.DescribeModelResponse) -> None:
+        """Take the limits its Describe gives (at start, and when it comes back from a restart)."""
+        self.max_greedy_steps = max(1, info.max_greedy_steps)
+        self.max_draft_tokens = info.max_draft_tokens
+        self.kv = KvBudget.from_describe(info)
+        self.samplers = lm_samplers(info)
+
+
+def lm_samplers(info: lm_pb2.DescribeModelResponse) -> frozenset[tuple[str, str, str]]:
+    """The samplers an lm runs in sampled bursts. None when it names no EOS ids: the gateway then validates chains
+    against the tokenizer's, and the lm, validating them again against its own model, might read them otherwise."""
+    if not info.eos_token_ids:
+        return frozenset()
+    return frozenset((s.name, s.distribution, s.version) for s in info.samplers)
 
 
 @dataclasses.dataclass
@@ -191,9 +208,7 @@ class ModelRegistry:
                 f"the lm service at {spec['lm'][0]}", lm_setting, deadline,
                 replicas[0].channel, replicas[0].stub.Describe, lm_pb2.DescribeModelRequest(),
             )  # fmt: skip
-            replicas[0].max_greedy_steps = max(1, lm_info.max_greedy_steps)
-            replicas[0].max_draft_tokens = lm_info.max_draft_tokens
-            replicas[0].kv = KvBudget.from_describe(lm_info)
+            replicas[0].described(lm_info)
             tok_model = spec.get("tokenizer_model", "")
             tok_info = await _call_at_startup(
                 f"the tokenizer service at {spec['tokenizer']}", tokenizer_setting, deadline,

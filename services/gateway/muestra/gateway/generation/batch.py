@@ -47,14 +47,17 @@ class RunningBatch:
     def requests(self) -> list[GenerationRequest]:
         return requests(self.all_rows())
 
-    def decode_batches(self, masked: bool, tokens: int) -> list[lm_pb2.DecodeBatch]:
+    def decode_batches(
+        self, masked: bool, tokens: int, runnable: frozenset[tuple[str, str, str]] = frozenset()
+    ) -> list[lm_pb2.DecodeBatch]:
         """The next Decode's batches; the joining rows join the running ones (Decode consumes the batches it
-        is given, so they are joined or lost with that call either way)."""
+        is given, so they are joined or lost with that call either way). With `runnable` (a burst), sampled
+        rows whose chains the lm runs go with their samplers (step_policy.sampled_in_lm)."""
         batches = []
         if self.batch_id:
-            batches.append(decode_batch(self.batch_id, self.rows, masked, tokens))
+            batches.append(decode_batch(self.batch_id, self.rows, masked, tokens, runnable))
         for joining in self.joining:
-            batches.append(decode_batch(joining.batch_id, joining.rows, masked, tokens))
+            batches.append(decode_batch(joining.batch_id, joining.rows, masked, tokens, runnable))
             self.rows.extend(joining.rows)
         self.joining = []
         return batches
@@ -142,9 +145,15 @@ def allowed_tokens(row: Row) -> bytes:
     return constraint.mask_bytes() if constraint is not None and not constraint.error else b""
 
 
-def decode_batch(batch_id: str, rows: list[Row], masked: bool, tokens: int) -> lm_pb2.DecodeBatch:
+def decode_batch(
+    batch_id: str, rows: list[Row], masked: bool, tokens: int, runnable: frozenset[tuple[str, str, str]] = frozenset()
+) -> lm_pb2.DecodeBatch:
     """The step for these rows: each feeds `tokens` tokens (its pending one, then queued ones)."""
     batch = lm_pb2.DecodeBatch(batch_id=batch_id)
+    sampled = [isinstance(row, Sequence) and row.sampling.runs_in_lm(runnable) for row in rows] if runnable else []
+    if any(sampled):
+        for row, in_lm in zip(rows, sampled, strict=True):
+            batch.samplers.append(row.sampling.lm_sampler() if in_lm else lm_pb2.RowSampler())
     for row in rows:
         if not isinstance(row, Sequence):
             batch.next_ids.append(row.pending_token)

@@ -66,17 +66,24 @@ class OutputProcessor:
                 done.append(group)
         return done
 
-    def accept_burst(self, rows: list[Row], greedy_ids: list[list[int]]) -> None:
-        """Take each row's tokens of a greedy burst, in order, until the row finishes (the lm ran them all:
-        tokens after a row's end are dropped, and the row leaves the batch next step)."""
+    def accept_burst(self, rows: list[Row], outputs) -> None:
+        """Take each row's tokens of a burst (RowOutput.greedy_ids: argmaxes, or a sampled row's picks), in order,
+        until the row finishes (the lm ran them all: tokens after a row's end are dropped, and the row leaves the
+        batch next step). A sampled row goes on from the generator and sampler state the lm left it in, or ends
+        with its chain's error."""
         now = time.monotonic()
-        for row, tokens in zip(rows, greedy_ids, strict=True):
-            for token in tokens:
+        for row, out in zip(rows, outputs, strict=True):
+            for token in out.greedy_ids:
                 if row.finished:
                     break
                 row.pending_token = None  # the lm fed every token of the burst but the last
                 row.sampling.context.append(token)
                 self.take_token(row, token, now)
+            if out.sampler_error and not row.finished:
+                row.finish(gateway_pb2.ERROR)
+                row.error = out.sampler_error
+            elif out.rng_json:
+                row.sampling.went_on_in_lm(out.rng_json, out.state_json)
 
     def accept_verified(self, rows: list[Row], outputs, logits: np.ndarray | None) -> list[int]:
         """Take the tokens of the rows whose drafts this step verified (speculation.py): a greedy row's accepted

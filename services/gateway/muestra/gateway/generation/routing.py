@@ -23,7 +23,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from muestra.gateway.backends import LmReplica, TextModel, expand_target
-from muestra.gateway.generation.kv_admission import KvBudget
 from muestra.gateway.generation.request import GenerationRequest
 from muestra.gateway.generation.scheduler import ReplicaScheduler
 from muestra.runtime.channels import service_channel
@@ -187,9 +186,7 @@ class Router:
                 )
             except grpc.aio.AioRpcError:
                 return
-            scheduler.replica.max_greedy_steps = max(1, info.max_greedy_steps)
-            scheduler.replica.max_draft_tokens = info.max_draft_tokens
-            scheduler.replica.kv = KvBudget.from_describe(info)
+            scheduler.replica.described(info)
             log.info("lm replica %s is healthy again", scheduler.replica.address)
             scheduler.healthy = True
         elif not ok and scheduler.healthy:
@@ -227,10 +224,8 @@ class Router:
                     log.error("lm at %s serves another model (%s); ignored", address, info.model)
                     await channel.close()
                     continue
-                replica = LmReplica(
-                    address, stub, channel, max(1, info.max_greedy_steps), KvBudget.from_describe(info),
-                    info.max_draft_tokens,
-                )  # fmt: skip
+                replica = LmReplica(address, stub, channel)
+                replica.described(info)
                 self.model.replicas.append(replica)
                 self._add(replica)
                 log.info("lm replica %s added to %s", address, self.model.name)

@@ -95,6 +95,8 @@ class ReplicaScheduler:
         self.speculation = SpeculationPolicy(model.name, model.vocab_size)
         # The last Decode's lm steps and drafting rows, for the speculation policy's timing of the whole step.
         self.last_step = (1, 1, 0)
+        # Whether the Decode in flight runs a burst (its rows' tokens come in RowOutput.greedy_ids).
+        self.bursting = False
         self.progress = Progress()
         self.lm = LmClient(replica, self.progress, config.lm_timeout_s)
         self.outputs = OutputProcessor(model)
@@ -409,11 +411,13 @@ class ReplicaScheduler:
         if tokens == 1:  # several tokens per row are a lone row's forced ones, never drafted
             drafted = await self.speculation.draft(every, self.replica.max_draft_tokens, self.model.context_length)
         # Rows with drafts take several tokens in one step already: no greedy burst then.
-        steps = 1 if drafted else self.policy.burst(every, self.replica.max_greedy_steps, joinable)
+        runnable = self.replica.samplers
+        steps = 1 if drafted else self.policy.burst(every, self.replica.max_greedy_steps, joinable, runnable)
         if steps > 1 and self.speculation.quiet is not None:
             steps = min(steps, self.speculation.quiet)  # the burst ends where a draft could begin
         request = lm_pb2.DecodeRequest(
-            batches=self.batch.decode_batches(masked, tokens), tokens_per_row=tokens if tokens > 1 else 0
+            batches=self.batch.decode_batches(masked, tokens, runnable if steps > 1 else frozenset()),
+            tokens_per_row=tokens if tokens > 1 else 0,
         )
         if steps > 1:
             request.greedy_steps = steps
@@ -421,7 +425,8 @@ class ReplicaScheduler:
         reply = await self.lm.decode(request)
         self.batch.batch_id = reply.batch_id
         self.steps += 1
-        ran = len(reply.output.rows[0].greedy_ids) if steps > 1 and reply.output.rows else 1
+        self.bursting = steps > 1
+        ran = max((len(out.greedy_ids) for out in reply.output.rows), default=1) if steps > 1 else 1
         metrics.DECODE_BURST.labels(self.model.name, self.replica.address).observe(ran)
         if not drafted:
             self.policy.timed(reply.timing.total_us, ran)
@@ -430,8 +435,8 @@ class ReplicaScheduler:
 
     async def _accept_step(self, reply: lm_pb2.DecodeResponse) -> list[Row]:
         output = reply.output
-        if output.rows and output.rows[0].greedy_ids:
-            self.outputs.accept_burst(self.batch.rows, [list(out.greedy_ids) for out in output.rows])
+        if self.bursting:
+            self.outputs.accept_burst(self.batch.rows, output.rows)
             return list(self.batch.rows)
         logits = logits_matrix(output)
         await self._accept(

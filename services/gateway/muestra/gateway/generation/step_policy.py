@@ -1,10 +1,11 @@
-"""How the next Decode runs: how many tokens each row feeds, whether the lm may run a greedy burst and how
-long, which ids end one, and the running estimate of a step's time that bounds it.
+"""How the next Decode runs: how many tokens each row feeds, whether the lm may run a burst and how long,
+which ids end one, and the running estimate of a step's time that bounds it.
 
-When every row is greedy (the lm's argmax, no constraint, no stop strings) and nobody waits, one Decode
-runs several steps (DecodeRequest.greedy_steps): the lm feeds each argmax back itself, as vLLM's multi-step
-scheduling does. A burst is at most --greedy-burst steps and about --greedy-burst-ms long, so a request
-that arrives meanwhile waits no longer than that for its prefill.
+When every row is greedy (the lm's argmax) or sampled with a chain the lm runs itself (a sampled burst:
+DecodeBatch.samplers), none has a constraint or stop strings, and nobody waits, one Decode runs several
+steps (DecodeRequest.greedy_steps): the lm feeds each pick back itself, as vLLM's multi-step scheduling
+does. A burst is at most --greedy-burst steps and about --greedy-burst-ms long, so a request that arrives
+meanwhile waits no longer than that for its prefill.
 """
 
 from __future__ import annotations
@@ -29,18 +30,24 @@ def tokens_per_row(rows: list[Row]) -> int:
     return min(1 + len(rows[0].queued), MAX_TOKENS_PER_STEP)
 
 
-def bursts(row: Row) -> bool:
-    """Whether the lm may pick this row's next tokens itself, several steps in a row: a greedy row that
-    ships no logits, has no constraint, feeds one token, and has no stop strings (text, not ids, would end it
-    somewhere inside the burst, and the tokens after that point would still count as generated)."""
+def bursts(row: Row, runnable: frozenset[tuple[str, str, str]] = frozenset()) -> bool:
+    """Whether the lm may pick this row's next tokens itself, several steps in a row: a row that has no
+    constraint, feeds one token, has no stop strings (text, not ids, would end it somewhere inside the
+    burst, and the tokens after that point would still count as generated), and is greedy (ships no logits)
+    or sampled with a chain of `runnable` samplers (the lm's, DescribeModelResponse.samplers)."""
     return (
         isinstance(row, Sequence)
         and not row.in_flight
         and not row.queued
         and row.sampling.constraint is None
-        and row.sampling.output_kind == lm_pb2.ARGMAX
         and not row.request.stop
+        and (row.sampling.output_kind == lm_pb2.ARGMAX or sampled_in_lm(row, runnable))
     )
+
+
+def sampled_in_lm(row: Row, runnable: frozenset[tuple[str, str, str]]) -> bool:
+    """Whether the lm picks this row's tokens with its chain when it runs a burst (DecodeBatch.samplers)."""
+    return isinstance(row, Sequence) and bool(runnable) and row.sampling.runs_in_lm(runnable)
 
 
 def stop_ids(rows: list[Sequence], eos: tuple[int, ...]) -> list[int]:
@@ -63,11 +70,20 @@ class StepPolicy:
         # Running estimate of one decode step's time (None until a step was timed).
         self.step_s: float | None = None
 
-    def burst(self, rows: list[Row], max_greedy_steps: int, joinable: bool) -> int:
-        """Greedy steps for the next Decode: 1 unless every row may burst and no request could join now."""
+    def burst(
+        self,
+        rows: list[Row],
+        max_greedy_steps: int,
+        joinable: bool,
+        runnable: frozenset[tuple[str, str, str]] = frozenset(),
+    ) -> int:
+        """Steps for the next Decode: 1 unless every row may burst and no request could join now."""
         burst = min(self.greedy_burst, max_greedy_steps)
-        if burst <= 1 or joinable or self.step_s is None or not all(bursts(row) for row in rows):
+        if burst <= 1 or joinable or self.step_s is None or not all(bursts(row, runnable) for row in rows):
             return 1
+        generators = [id(row.sampling.context.rng) for row in rows if sampled_in_lm(row, runnable)]
+        if len(set(generators)) < len(generators):
+            return 1  # rows that share a generator draw in turn: only one place may hold it
         if self.step_s > 0:
             burst = min(burst, int(self.greedy_burst_s / self.step_s))
         # No row may pass the context length (its KV holds its prompt and all but its pending token), and

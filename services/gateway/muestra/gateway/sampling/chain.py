@@ -8,6 +8,8 @@ Without any chain, the model's generation_config.json gives one, in transformers
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,6 +29,10 @@ DEFAULT_SELECTOR = "sample"
 class ChainStep:
     sampler: Sampler
     params: dict
+    # The params as the request gave them (what an lm that runs the chain validates itself), and the
+    # (name, distribution, version) of the plugin that registered the sampler.
+    given: dict = dataclasses.field(default_factory=dict)
+    source: tuple[str, str, str] = ("", "", "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +59,21 @@ class Chain:
     def shape(self) -> tuple[int, ...]:
         """Identity of the samplers in order: rows with equal shapes are processed together."""
         return tuple(id(step.sampler) for step in self.steps)
+
+    @functools.cached_property
+    def lm_json(self) -> str | None:
+        """The chain as an lm runs it (RowSampler.chain_json), or None when no lm could: a search, a sampler
+        that does not declare runs_in_lm, or params that JSON cannot carry."""
+        if self.is_search or not all(step.sampler.runs_in_lm for step in self.steps):
+            return None
+        try:
+            return json.dumps([{"name": step.sampler.name, "params": step.given} for step in self.steps])
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def sources(self) -> frozenset[tuple[str, str, str]]:
+        return frozenset(step.source for step in self.steps)
 
     def describe(self) -> list[dict[str, Any]]:
         """The chain as {name, params} dicts, defaults filled in (for logs and echoes)."""
@@ -87,14 +108,14 @@ def validate_chain(registry: SamplerRegistry, specs: Sequence[Any], model: Model
             params = sampler.validate(spec["params"], model)
         except SamplerParamError as exc:
             raise InvalidArgument(f"{field}[{i}].params.{exc.field}", f"{exc.message} (sampler {name!r})") from None
-        steps.append(ChainStep(sampler, params))
+        steps.append(ChainStep(sampler, params, spec["params"], registry.source(name)))
     if not steps or isinstance(steps[-1].sampler, LogitsProcessor):
         if DEFAULT_SELECTOR not in registry:
             raise InvalidArgument(
                 field, f"the chain needs a final selector (the default {DEFAULT_SELECTOR!r} is disabled)"
             )
         selector = registry.get(DEFAULT_SELECTOR)
-        steps.append(ChainStep(selector, selector.validate({}, model)))
+        steps.append(ChainStep(selector, selector.validate({}, model), {}, registry.source(DEFAULT_SELECTOR)))
     return Chain(tuple(steps[:-1]), steps[-1])
 
 

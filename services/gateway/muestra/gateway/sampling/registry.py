@@ -105,6 +105,12 @@ class SamplerRegistry:
             raise KeyError(f"unknown sampler {name!r}; registered: {', '.join(sorted(self._samplers))}")
         return self._samplers[name].sampler
 
+    def source(self, name: str) -> tuple[str, str, str]:
+        """(name, distribution, version) of the sampler registered under `name`: an lm runs it only if it
+        registered the same (DescribeModelResponse.samplers)."""
+        entry = self._samplers[name]
+        return entry.name, entry.distribution, entry.version
+
     def names(self) -> list[str]:
         return sorted(self._samplers)
 

@@ -11,6 +11,7 @@ in the top alternatives.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Sequence
 
@@ -45,6 +46,35 @@ class SamplingRow:
             return None
         return self.constraint.forced
 
+    def runs_in_lm(self, runnable: frozenset[tuple[str, str, str]]) -> bool:
+        """Whether an lm that runs these samplers (DescribeModelResponse.samplers) may pick this row's tokens
+        itself (a sampled burst): a sampled row whose chain it runs, with no logprobs and no constraint, whose
+        generator is numpy's PCG64 and whose sampler state JSON can carry."""
+        return (
+            self.output_kind == lm_pb2.LOGITS
+            and self.constraint is None
+            and not self.logprobs
+            and self.chain.lm_json is not None
+            and self.chain.sources <= runnable
+            and type(self.context.rng.bit_generator) is np.random.PCG64
+            and _json_state(self.context.state) is not None
+        )
+
+    def lm_sampler(self) -> lm_pb2.RowSampler:
+        """The row as an lm picks its tokens (DecodeBatch.samplers): chain, generator, state and ids."""
+        return lm_pb2.RowSampler(
+            chain_json=self.chain.lm_json,
+            rng_json=json.dumps(self.context.rng.bit_generator.state),
+            state_json=_json_state(self.context.state) or "",
+            prompt_ids=self.context.prompt_ids.tolist(),
+            output_ids=self.context.output_ids.tolist(),
+        )
+
+    def went_on_in_lm(self, rng_json: str, state_json: str) -> None:
+        """Take the generator and sampler state an lm left the row in after picking for it."""
+        self.context.rng.bit_generator.state = json.loads(rng_json)
+        self.context.state = json.loads(state_json) if state_json else {}
+
     @property
     def output_kind(self) -> int:
         """What the lm service must return for this row: lm_pb2.ARGMAX or lm_pb2.LOGITS."""
@@ -55,6 +85,14 @@ class SamplingRow:
         if self.chain.argmax_only and not self.logprobs and not self.chain.is_search:
             return lm_pb2.ARGMAX
         return lm_pb2.LOGITS
+
+
+def _json_state(state: dict) -> str | None:
+    """A row's sampler state as JSON ("{}" for none), or None when JSON cannot carry it."""
+    try:
+        return json.dumps(state) if state else "{}"
+    except (TypeError, ValueError):
+        return None
 
 
 def request_generators(seed: int, n: int = 1) -> list[np.random.Generator]:

@@ -1,0 +1,137 @@
+"""Sampled bursts through the whole stack: the lm runs a sampled row's own chain for several steps per Decode
+(DecodeBatch.samplers), and the seeded tokens equal a Decode per token with the gateway running the chain, for
+the model-style chain, penalties that read the row's ids, and a third-party plugin with per-row state
+(mirostat), alone and in a batch of 8 mixed rows, at several burst lengths. A chain the lm cannot run falls
+back to a Decode per token and still streams the same tokens."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from muestra.client import Client
+from tests.gateway.test_greedy_bursts import NO_DRAFTS, PROMPTS, burst_metrics
+from tests.harness import ServiceProcess, free_port
+
+# The default model's own chain (its generation_config.json), another common one, penalties reading the row's
+# prompt and output ids, and mirostat (a third-party plugin whose mu lives in the row's state).
+CHAINS = {
+    "model": [
+        {"name": "temperature", "params": {"temperature": 0.2}},
+        {"name": "top_k", "params": {"top_k": 50}},
+        {"name": "top_p", "params": {"top_p": 0.9}},
+    ],
+    "t07": [
+        {"name": "temperature", "params": {"temperature": 0.7}},
+        {"name": "top_k", "params": {"top_k": 40}},
+        {"name": "top_p", "params": {"top_p": 0.9}},
+    ],
+    "penalties": [
+        {"name": "repetition_penalty", "params": {"repetition_penalty": 1.3}},
+        {"name": "presence_penalty", "params": {"presence_penalty": 0.5}},
+        {"name": "frequency_penalty", "params": {"frequency_penalty": 0.3}},
+        {"name": "logit_bias", "params": {"logit_bias": {"5": -100, "7": 3}}},
+        {"name": "min_p", "params": {"min_p": 0.02}},
+        {"name": "sample"},
+    ],
+    "mirostat": [{"name": "temperature", "params": {"temperature": 1.5}}, {"name": "mirostat", "params": {"tau": 3}}],
+}
+TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def stacks(text_stack):
+    """The same tokenizer and lm behind gateways bursting up to 8 and 3 steps, and one running a Decode per
+    token (the gateway runs every chain: the reference)."""
+    port = free_port()
+    eight = text_stack("llama", "--metrics-port", str(port), *NO_DRAFTS)
+    three = text_stack("llama", "--greedy-burst", "3", *NO_DRAFTS)
+    return eight, port, three, text_stack("llama", "--greedy-burst", "1", *NO_DRAFTS)
+
+
+def tokens(address: str, chain: str, seed: int, prompt: str = PROMPTS[0], **fields) -> dict[int, list[int]]:
+    """Each completion's token ids (by index) of a seeded request with CHAINS[chain] (or fields' samplers)."""
+    fields.setdefault("samplers", CHAINS[chain])
+    with Client(address, timeout=120) as client:
+        generation = client.generate(prompt, max_tokens=TOKENS, ignore_eos=True, seed=seed, **fields).wait()
+    assert generation.token_ids and all(len(ids) == TOKENS for ids in generation.token_ids.values())
+    return generation.token_ids
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_a_sampled_row_bursts_with_the_tokens_of_a_decode_per_token(stacks, chain):
+    eight, port, three, single = stacks
+    for seed in (1, 2):
+        expected = tokens(single.gateway.address, chain, seed)
+        before = burst_metrics(port)
+        assert tokens(eight.gateway.address, chain, seed) == expected
+        assert tokens(three.gateway.address, chain, seed) == expected
+        decodes, steps = (after - was for after, was in zip(burst_metrics(port), before, strict=True))
+        # The lm picked most tokens itself: far fewer Decodes than tokens (the first step only times the replica).
+        assert steps >= TOKENS - 2 and decodes <= TOKENS / 3
+
+
+def test_n_completions_burst_each_with_its_own_generator(stacks):
+    eight, _, _, single = stacks
+    assert tokens(eight.gateway.address, "t07", 5, n=3) == tokens(single.gateway.address, "t07", 5, n=3)
+
+
+def test_eight_mixed_rows_in_one_batch_equal_each_alone(stacks):
+    """Greedy, sampled rows of every chain, and a row the lm cannot burst (logprobs) share the batch."""
+    eight, _, three, single = stacks
+    jobs = [(chain, seed, PROMPTS[seed % len(PROMPTS)]) for seed, chain in enumerate([*sorted(CHAINS)] * 2)]
+    expected = [tokens(single.gateway.address, chain, seed, prompt) for chain, seed, prompt in jobs]
+    for stack in (eight, three):
+        with concurrent.futures.ThreadPoolExecutor(len(jobs) + 2) as pool:
+            runs = [pool.submit(tokens, stack.gateway.address, chain, seed, prompt) for chain, seed, prompt in jobs]
+            greedy = pool.submit(tokens, stack.gateway.address, "model", 9, samplers=[{"name": "greedy"}])
+            logprobs = pool.submit(tokens, stack.gateway.address, "t07", 3, PROMPTS[2], logprobs=True)
+            assert [run.result() for run in runs] == expected
+            assert greedy.result() == tokens(single.gateway.address, "model", 9, samplers=[{"name": "greedy"}])
+            assert logprobs.result() == tokens(single.gateway.address, "t07", 3, PROMPTS[2])
+        assert stack.lm_rows() == 0
+
+
+@pytest.fixture(scope="module")
+def without_mirostat(text_stack, tiny_lm, tmp_path_factory):
+    """A stack whose lm lacks the mirostat plugin (disabled there alone): the gateway still has it."""
+    reference = text_stack("llama", *NO_DRAFTS)
+    log_dir = tmp_path_factory.mktemp("lm-without-mirostat")
+    flags = ["--model", str(tiny_lm("llama").onnx_dir), "--providers", "cpu", "--intra-op-threads", "1"]
+    lm = ServiceProcess("lm", flags, log_dir, env={"MUESTRA_DISABLE_PLUGINS": "mirostat"})
+    port = free_port()
+    gateway = ServiceProcess(
+        "gateway",
+        [
+            "--tokenizer-addr",
+            reference.tokenizer.address,
+            "--lm-addr",
+            lm.address,
+            "--metrics-port",
+            str(port),
+            *NO_DRAFTS,
+        ],
+        log_dir,
+    )
+    yield gateway, port
+    gateway.stop()
+    lm.stop()
+
+
+def test_a_chain_the_lm_cannot_run_falls_back_and_still_streams(stacks, without_mirostat):
+    _, _, _, single = stacks
+    gateway, port = without_mirostat
+    expected = tokens(single.gateway.address, "mirostat", 4)
+    before = burst_metrics(port)
+    with Client(gateway.address, timeout=120) as client:
+        pieces = list(
+            client.generate(PROMPTS[1], max_tokens=TOKENS, ignore_eos=True, seed=4, samplers=CHAINS["mirostat"])
+        )
+    streamed = [token for piece in pieces for token in piece.token_ids]
+    assert streamed == tokens(single.gateway.address, "mirostat", 4, PROMPTS[1])[0] and len(pieces) > 1
+    decodes, steps = (after - was for after, was in zip(burst_metrics(port), before, strict=True))
+    assert decodes == steps >= TOKENS - 1  # a Decode per token: the gateway ran mirostat
+    # The same lm still runs the chains it has.
+    assert tokens(gateway.address, "t07", 4) == tokens(single.gateway.address, "t07", 4)
+    assert expected == tokens(gateway.address, "mirostat", 4)

@@ -8,6 +8,7 @@ tests/gateway/test_generate.py, test_greedy_bursts.py and tests/constraints.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -147,6 +148,24 @@ def test_a_burst_is_cut_after_the_row_ends(sampler_registry):
     assert ends_at_length.generated == [21, 22] and ends_at_length.finish_reason == gateway_pb2.LENGTH
     # The samplers' context holds what the row took, and nothing is left to feed.
     assert ends_at_eos.sampling.context.output_ids.tolist() == [11, EOS] and ends_at_eos.pending_token is None
+
+
+def test_a_sampled_burst_row_goes_on_from_the_lms_state_or_ends_with_its_chains_error(sampler_registry):
+    chain = (("temperature", {"temperature": 0.5}), ("sample", {}))
+    goes_on, fails = make_row(sampler_registry, chain=chain), make_row(sampler_registry, chain=chain)
+    moved = np.random.default_rng(99)
+    moved.random()
+    state = json.dumps(moved.bit_generator.state)
+    outputs = [
+        lm_pb2.RowOutput(greedy_ids=[11, 12], rng_json=state, state_json='{"x": {"mu": 1.5}}'),
+        lm_pb2.RowOutput(greedy_ids=[21], sampler_error="sampler chain failed: no token today"),
+    ]
+    OutputProcessor(Model()).accept_burst([goes_on, fails], outputs)
+    assert goes_on.generated == [11, 12] and not goes_on.finished
+    assert goes_on.sampling.context.rng.random() == moved.random()
+    assert goes_on.sampling.context.state == {"x": {"mu": 1.5}}
+    assert fails.generated == [21] and fails.finish_reason == gateway_pb2.ERROR
+    assert fails.error == "sampler chain failed: no token today"
 
 
 def test_a_burst_row_keeps_its_last_token_pending(sampler_registry):

@@ -36,7 +36,35 @@ def group_rows(values: Sequence) -> list[tuple[object, np.ndarray]]:
 def kth_largest(logits: np.ndarray, k: int) -> np.ndarray:
     """Each row's k-th largest score, [rows, 1], in O(vocab) (np.partition, no sort)."""
     vocab = logits.shape[-1]
-    return np.partition(logits, vocab - k, axis=-1)[:, vocab - k : vocab - k + 1]
+    candidates = _candidates(logits, k)
+    if candidates is None:
+        return np.partition(logits, vocab - k, axis=-1)[:, vocab - k : vocab - k + 1]
+    return np.array([[np.partition(row, row.size - k)[row.size - k]] for row in candidates], dtype=logits.dtype)
+
+
+def _candidates(logits: np.ndarray, k: int) -> list[np.ndarray] | None:
+    """Per row, a subset of its scores that holds its k largest (with ties), or None when there is no cheap one.
+
+    The row is cut into blocks; the k-th largest of the blocks' maxima is at most the row's k-th largest score
+    (k blocks have a score at least that high), so the scores at or above it hold the k largest. np.partition
+    over the whole row costs ~6x more than the blocks' maxima and that comparison. The scores are the row's
+    own, so whatever is taken from them (a k-th value, a sorted top) is what the whole row gives.
+    """
+    rows, vocab = logits.shape
+    block = 256
+    while block > 16 and vocab // block < 4 * k:
+        block //= 2
+    blocks = vocab // block
+    if blocks < 2 * k:
+        return None
+    whole = blocks * block
+    maxima = logits[:, :whole].reshape(rows, blocks, block).max(axis=-1)
+    if whole < vocab:
+        maxima = np.concatenate([maxima, logits[:, whole:].max(axis=-1, keepdims=True)], axis=-1)
+    bound = np.partition(maxima, maxima.shape[-1] - k, axis=-1)[:, maxima.shape[-1] - k]
+    if np.isnan(bound).any():
+        return None  # NaN scores: leave their order to np.partition
+    return [row[row >= limit] for row, limit in zip(logits, bound, strict=True)]
 
 
 def nucleus_threshold(logits: np.ndarray, mass, first_candidates: int = 256) -> np.ndarray:
@@ -84,13 +112,15 @@ def _best_scores(logits: np.ndarray, width: int) -> np.ndarray:
     finite = logits > -np.inf
     counts = np.count_nonzero(finite, axis=-1)
     if counts.max() > width:
-        return np.partition(logits, logits.shape[-1] - width, axis=-1)[:, -width:]
+        candidates = _candidates(logits, width)
+        if candidates is None:
+            return np.partition(logits, logits.shape[-1] - width, axis=-1)[:, -width:]
+        return np.stack([np.partition(row, row.size - width)[-width:] for row in candidates])
     # An earlier filter (top_k) left few finite scores: np.partition is slow on the many equal
-    # -inf, so gather the finite ones instead.
-    rows, columns = np.nonzero(finite)
-    starts = np.cumsum(counts) - counts
+    # -inf, so gather the finite ones instead (row by row: np.nonzero over the batch costs 4x more).
     best = np.full((logits.shape[0], width), -np.inf, dtype=logits.dtype)
-    best[rows, np.arange(rows.size) - starts[rows]] = logits[rows, columns]
+    for row, (scores, kept) in enumerate(zip(logits, finite, strict=True)):
+        best[row, : counts[row]] = scores[kept]
     return best
 
 

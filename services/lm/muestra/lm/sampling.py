@@ -98,12 +98,12 @@ class LmSamplers:
         """A RowSampler as a SampledRow; InvalidArgument naming the field when any part of it is unusable."""
         chain = self.chain(f"{field}.chain_json", message.chain_json)
         rng = np.random.Generator(np.random.PCG64())
+        state = _json_object(f"{field}.rng_json", message.rng_json)
         try:
-            state = json.loads(message.rng_json)
-            if not isinstance(state, dict) or state.get("bit_generator") != "PCG64":
+            if state.get("bit_generator") != "PCG64":
                 raise ValueError("not a PCG64 state")
             rng.bit_generator.state = state
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
             raise InvalidArgument(f"{field}.rng_json", f"must be numpy's PCG64 state as JSON ({exc})") from None
         prompt = np.asarray(message.prompt_ids, dtype=np.int64)
         output = np.asarray(message.output_ids, dtype=np.int64)
@@ -122,10 +122,7 @@ class LmSamplers:
             self._chains.move_to_end(text)
             return self._chains[text]
         check_limit(field, len(text.encode()), 1, MAX_JSON_BYTES)
-        try:
-            specs = json.loads(text)
-        except ValueError as exc:
-            raise InvalidArgument(field, f"is not JSON: {exc}") from None
+        specs = _json(field, text)
         if not isinstance(specs, list) or not specs:
             raise InvalidArgument(
                 field, 'must be a JSON list of {"name", "params"} objects, processors then a selector'
@@ -134,7 +131,7 @@ class LmSamplers:
         samplers, params = [], []
         for i, spec in enumerate(specs):
             name = spec.get("name") if isinstance(spec, dict) else None
-            if name not in self._samplers:
+            if not isinstance(name, str) or name not in self._samplers:
                 raise InvalidArgument(
                     f"{field}[{i}].name",
                     f"{name!r} does not run in this lm; it runs: {', '.join(sorted(self._samplers)) or 'none'}",
@@ -159,12 +156,16 @@ class LmSamplers:
         return chain
 
 
+def _json(field: str, text: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument(field, f"is not JSON: {exc}") from None
+
+
 def _json_object(field: str, text: str) -> dict:
     check_limit(field, len(text.encode()), 0, MAX_JSON_BYTES)
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise InvalidArgument(field, f"is not JSON: {exc}") from None
+    value = _json(field, text)
     if not isinstance(value, dict):
         raise InvalidArgument(field, "must be a JSON object")
     return value

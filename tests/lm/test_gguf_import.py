@@ -18,7 +18,7 @@ import onnx
 import pytest
 
 from muestra.lm.export import checks, export_lm
-from muestra.lm.export.gguf_weights import dequantized_weights
+from muestra.lm.export.gguf_weights import OFFSET_NODES, dequantized_weights
 from tests.fixtures.gguf_files import EXACT_KINDS, GGUF_KINDS, write_llama_gguf
 from tests.fixtures.tokenizers import SAMPLE_TEXTS
 
@@ -135,6 +135,25 @@ def test_the_default_keeps_what_float_activations_can_run(imported, kind):
         if attribute.name == "accuracy_level"
     }
     assert levels == ({4} if kind == "Q8_0" else {0})
+
+
+def test_a_q4_1_matmul_adds_its_offsets_in_three_small_ops_over_one_indicator_per_width(imported):
+    """Block sums, their product with the offsets and an Add per MatMulNBits (every one has an input of its
+    own: q/k/v and gate/up are merged), the sums through one block indicator per input width."""
+    _, folder = imported("Q4_1")
+    graph = onnx.load(str(folder / "model.onnx")).graph
+    stems = [n.name.removesuffix("/matmul") for n in graph.node if n.op_type == "MatMulNBits"]
+    assert len(stems) == 9  # two layers of q/k/v, o, gate/up and down, and the tied vocabulary projection
+    assert len({n.input[0] for n in graph.node if n.op_type == "MatMulNBits"}) == len(stems)
+    for stem in stems:
+        offsets = [n.op_type for n in graph.node if n.name.startswith(stem + "/") and not n.name.endswith("/matmul")]
+        assert offsets == ["MatMul", "MatMul", "Add"], stem
+    named = {n.name: n for n in graph.node}
+    sums = [named[f"{stem}/{OFFSET_NODES[0]}"] for stem in stems]
+    assert all(f"{stem}/{part}" in named for stem in stems for part in OFFSET_NODES)
+    indicators = {n.input[1] for n in sums}
+    widths = {onnx.numpy_helper.to_array(i).shape[0] for i in graph.initializer if i.name in indicators}
+    assert len(indicators) == len(widths) == 2  # hidden 256 (all but down) and FFN 512 (down)
 
 
 def test_smollm_pre_tokenizer_splits_digits_as_llama_cpp_does(tmp_path):

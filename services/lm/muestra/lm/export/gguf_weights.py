@@ -34,6 +34,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 BLOCK = 32
+# The last part of the names of the nodes that add a Q4_1 MatMul's offsets (block sums, their product, the
+# Add): bench/profile_decode.py counts their time.
+OFFSET_NODES = ("sum_blocks", "mm", "add_m")
 # Bytes of one block of 32 weights in the file.
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 EXACT = frozenset(BLOCK_BYTES)
@@ -241,13 +244,22 @@ def _matmul_nbits(node, kind: str, blocks: np.ndarray, accuracy_level: int, grap
     nodes = [helper.make_node("MatMulNBits", inputs, [product], name=f"{stem}/matmul", domain=MS_DOMAIN, **attrs)]
     if m is not None:
         sums, offsets = f"{stem}/block_sums", f"{stem}/offsets"
-        indicator = _add(graph, _block_indicator(k), f"{stem}/block_indicator")
+        sum_blocks, mm, add_m = (f"{stem}/{part}" for part in OFFSET_NODES)
+        indicator, m_table = _block_indicator_of(graph, k), _add(graph, m.T.copy(), f"{stem}/m")
         nodes += [
-            helper.make_node("MatMul", [node.input[0], indicator], [sums], name=f"{stem}/sum_blocks"),
-            helper.make_node("MatMul", [sums, _add(graph, m.T.copy(), f"{stem}/m")], [offsets], name=f"{stem}/mm"),
-            helper.make_node("Add", [product, offsets], [node.output[0]], name=f"{stem}/add_m"),
+            helper.make_node("MatMul", [node.input[0], indicator], [sums], name=sum_blocks),
+            helper.make_node("MatMul", [sums, m_table], [offsets], name=mm),
+            helper.make_node("Add", [product, offsets], [node.output[0]], name=add_m),
         ]
     return nodes
+
+
+def _block_indicator_of(graph, width: int) -> str:
+    """The one block indicator of this width, added on first use: every Q4_1 MatMul of that width reads it."""
+    name = f"gguf_q4_1/block_indicator_{width}"
+    if not any(tensor.name == name for tensor in graph.initializer):
+        _add(graph, _block_indicator(width), name)
+    return name
 
 
 def _gather_block_quantized(node, kind: str, blocks: np.ndarray, graph) -> list:

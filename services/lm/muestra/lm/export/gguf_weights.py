@@ -11,7 +11,13 @@ sibling projections, but neither changes a row), so no tensor-name mapping is ne
 - Q4_1 (w = d·q + m): MatMulNBits' zero points would have to be -m/d, which only its float zero points
   hold, and onnxruntime's CPU kernel dequantizes the whole weight on every call for those (70x slower,
   measured). So the kernel computes d·(q - 8) and the rest, m + 8d per block, is added as a second,
-  small product: the activation's block sums times it (one [K, blocks] and one [blocks, N] MatMul).
+  small product: the activation's block sums times it (one [K, blocks] and one [blocks, N] MatMul, then an
+  Add; the [K, blocks] block indicator is one table per width K, read by every MatMul of that width).
+  Each MatMulNBits already has an input of its own (q/k/v and gate/up are merged), so that is one block
+  sum per input. On SmolLM2 these 360 small ops are ~15% of a CPU decode step: about half is reading the
+  [blocks, N] tables (13 MB a step), the rest ~3 us an op; ReduceSum over a Reshape instead of the
+  indicator, the sums as extra MatMulNBits rows, or an Einsum doing sums and product in one op measured no
+  faster (onnxruntime has no CPU op that also adds, and it folds a float16 table back to float32 at load).
   Centring matters: with accuracy level 4 the kernel rounds activations to int8, and a weight of d·q
   (zero point 0) carried that rounding on an offset of ~7.5d: +3.3% perplexity on SmolLM2, against
   +0.3-0.9% centred. m + 8d is exact in float32 for ordinary scales; a tensor where it is not is left

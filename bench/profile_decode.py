@@ -65,22 +65,24 @@ def memory_bandwidth_gbs(threads: int = 1, repeats: int = 5) -> float:
 
 def weight_bytes(onnx_dir: Path) -> int:
     """Bytes of the initializers (weights) a step reads: every one, once, but a table only gathered
-    (an embedding reads one row; a tied fp32 vocabulary projection reads the table whole and counts)."""
+    (an embedding reads one row; a tied fp32 vocabulary projection reads the table whole and counts)
+    and one MatMuls share (each MatMul reads its own copy: onnxruntime prepacks a constant B per node)."""
     model = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
-    readers: dict[str, set[str]] = collections.defaultdict(set)
+    readers: dict[str, list[str]] = collections.defaultdict(list)
     for node in model.graph.node:
         for name in node.input:
-            readers[name].add(node.op_type)
+            readers[name].append(node.op_type)
     total = 0
     for tensor in model.graph.initializer:
-        if readers[tensor.name] == {"Gather"}:  # an embedding table only gathered (a quantized head reads its own)
+        if set(readers[tensor.name]) == {"Gather"}:  # an embedding table only gathered (a quantized head reads its own)
             continue
+        copies = max(1, readers[tensor.name].count("MatMul"))
         size = int(np.prod(tensor.dims)) if tensor.dims else 1
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             length = next((int(e.value) for e in tensor.external_data if e.key == "length"), 0)
-            total += length
+            total += copies * length
         else:
-            total += size * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+            total += copies * size * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     return total
 
 

@@ -121,12 +121,20 @@ def start_muestra(log_dir: Path, threads: int, extra: tuple[str, ...] = ()) -> t
 
 
 def start_llama(log_dir: Path, scenario: str, threads: int) -> tuple[Process, Server]:
+    """llama-server for a scenario: its slots and context, without its prompt cache where the scenario says."""
+    slots = SLOTS[scenario]
+    return serve_llama(log_dir, scenario, threads, slots, slots * SLOT_CONTEXT[scenario], {"cache_prompt": False})
+
+
+def serve_llama(
+    log_dir: Path, label: str, threads: int, slots: int, context: int, no_cache: dict
+) -> tuple[Process, Server]:
     """llama-server on the GGUF file muestra's model was imported from, once its /health answers 200."""
     (gguf,) = (MODEL / "source").glob("*.gguf")
-    port, slots = free_port(), SLOTS[scenario]
+    port = free_port()
     command = [str(llama_cpp.server_binary()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["-t", str(threads), "-np", str(slots), "-c", str(slots * SLOT_CONTEXT[scenario]), "--jinja"]
-    process = Process(f"llama-server-{scenario}", command, log_dir, port, grpc_health=False)
+    command += ["-t", str(threads), "-np", str(slots), "-c", str(context), "--jinja"]
+    process = Process(f"llama-server-{label}", command, log_dir, port, grpc_health=False)
     process.start()
     deadline = time.monotonic() + 120
     while True:  # the port opens before the model is loaded (503 until then)
@@ -139,7 +147,7 @@ def start_llama(log_dir: Path, scenario: str, threads: int) -> tuple[Process, Se
                 process.terminate()
                 raise RuntimeError(f"llama-server not healthy:\n{process.log_tail()}") from None
         time.sleep(0.2)
-    server = Server("llama", f"http://127.0.0.1:{port}/v1", no_cache={"cache_prompt": False}, pids=[process.pid])
+    server = Server("llama", f"http://127.0.0.1:{port}/v1", no_cache=no_cache, pids=[process.pid])
     return process, server
 
 

@@ -51,10 +51,9 @@ import time  # noqa: E402
 import urllib.request  # noqa: E402
 
 from bench import llama_cpp  # noqa: E402
-from bench.conversations import MODEL, CpuMeter, Server, gather_all, start_muestra  # noqa: E402
+from bench.conversations import MODEL, CpuMeter, Server, gather_all, serve_llama, start_muestra  # noqa: E402
 from bench.speculative import cpu_name  # noqa: E402
 from bench.stack import Process  # noqa: E402
-from tests.harness import free_port  # noqa: E402
 
 # generation_config.json gives temperature and top_p; top_k 50 is transformers' default, which it keeps.
 MODEL_CHAIN = {"temperature": 0.2, "top_k": 50, "top_p": 0.9}
@@ -211,24 +210,7 @@ async def run_streams(servers: list[Server], streams: int, args) -> tuple[dict, 
 
 def start_llama(log_dir: Path, slots: int, threads: int) -> tuple[Process, Server]:
     """llama-server with `slots` slots on the GGUF file muestra's model was imported from, once /health is 200."""
-    (gguf,) = (MODEL / "source").glob("*.gguf")
-    port = free_port()
-    command = [str(llama_cpp.server_binary()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["-t", str(threads), "-np", str(slots), "-c", str(slots * SLOT_CONTEXT), "--jinja"]
-    process = Process(f"llama-server-np{slots}", command, log_dir, port, grpc_health=False)
-    process.start()
-    deadline = time.monotonic() + 120
-    while True:  # the port opens before the model is loaded (503 until then)
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
-                if reply.status == 200:
-                    break
-        except OSError:
-            if time.monotonic() > deadline or not process.alive():
-                process.terminate()
-                raise RuntimeError(f"llama-server not healthy:\n{process.log_tail()}") from None
-        time.sleep(0.2)
-    return process, Server("llama", f"http://127.0.0.1:{port}/v1", no_cache={}, pids=[process.pid])
+    return serve_llama(log_dir, f"np{slots}", threads, slots, slots * SLOT_CONTEXT, {})
 
 
 def default_samplers(base_url: str) -> list[dict]:

@@ -44,9 +44,9 @@ class GatewayConfig(ServiceConfig, RedisConfig):
     )
     greedy_burst: int = _f(
         8,
-        "greedy steps the lm runs in one Decode when every row of the batch is greedy and unconstrained, without "
-        "stop strings, and no request waits (the lm feeds each argmax back itself; tokens then stream in bursts). "
-        "1: a Decode per token",
+        "steps the lm runs in one Decode when every row of the batch is greedy, or sampled with a chain the lm runs "
+        "itself (sampled bursts), unconstrained, without stop strings, and no request waits (the lm feeds each pick "
+        "back itself; tokens then stream in bursts). 1: a Decode per token",
     )
     greedy_burst_ms: float = _f(
         100.0, "a burst is cut to the steps that the replica's recent step times say fit in this many milliseconds"

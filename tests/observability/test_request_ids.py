@@ -56,8 +56,12 @@ def test_one_http_requests_id_reaches_the_log_lines_of_all_four_services(observe
         # The per-step lines of the shared streams name the request whose rows they carry.
         assert any("BatchSteps decode" in line for line in _lines(lm, request_id))
         assert any("DetokenizeSteps:" in line for line in _lines(tokenizer, request_id))
-    # Nothing of the second request is filed under the first's id (the streams it opened carry no id).
-    assert not any("[trace-first-0001]" in line for line in _lines(lm, "BatchSteps decode")[-6:])
-    assert not any("[trace-first-0001]" in line for line in _lines(tokenizer, "DetokenizeSteps:")[-6:])
+    # Nothing of the second request is filed under the first's id (the streams it opened carry no id): every step
+    # line after the second request's first one (the first had ended by then) names the second alone. Its steps
+    # may be few: the fixture samples, and sampled rows run in bursts of several tokens per step.
+    for process, needle in ((lm, "BatchSteps decode"), (tokenizer, "DetokenizeSteps:")):
+        steps = _lines(process, needle)
+        since = next(i for i, line in enumerate(steps) if second in line)
+        assert steps[since:] and not any(first in line for line in steps[since:])
     assert _eventually(diffusion, "[trace-image-0003]", "Generate OK")
     assert _eventually(gateway, "[trace-image-0003]", "/v1/images/generations 200")

@@ -50,7 +50,7 @@ class ServiceLoad(_message.Message):
     def __init__(self, batches: _Optional[int] = ..., rows: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ...) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "context_length", "vocab_size", "eos_token_ids", "providers", "kv", "load", "max_batch_rows", "generation_config_json", "max_greedy_steps", "max_draft_tokens", "samplers")
+    __slots__ = ("model", "fingerprint", "context_length", "vocab_size", "eos_token_ids", "providers", "kv", "load", "max_batch_rows", "generation_config_json", "max_greedy_steps", "max_draft_tokens", "samplers", "row_invariant")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class DescribeModelResponse(_message.Message):
     MAX_GREEDY_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLERS_FIELD_NUMBER: _ClassVar[int]
+    ROW_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     context_length: int
@@ -77,7 +78,8 @@ class DescribeModelResponse(_message.Message):
     max_greedy_steps: int
     max_draft_tokens: int
     samplers: _containers.RepeatedCompositeFieldContainer[SamplerSource]
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., providers: _Optional[_Iterable[str]] = ..., kv: _Optional[_Union[KvLayout, _Mapping]] = ..., load: _Optional[_Union[ServiceLoad, _Mapping]] = ..., max_batch_rows: _Optional[int] = ..., generation_config_json: _Optional[str] = ..., max_greedy_steps: _Optional[int] = ..., max_draft_tokens: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSource, _Mapping]]] = ...) -> None: ...
+    row_invariant: bool
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., providers: _Optional[_Iterable[str]] = ..., kv: _Optional[_Union[KvLayout, _Mapping]] = ..., load: _Optional[_Union[ServiceLoad, _Mapping]] = ..., max_batch_rows: _Optional[int] = ..., generation_config_json: _Optional[str] = ..., max_greedy_steps: _Optional[int] = ..., max_draft_tokens: _Optional[int] = ..., samplers: _Optional[_Iterable[_Union[SamplerSource, _Mapping]]] = ..., row_invariant: _Optional[bool] = ...) -> None: ...
 
 class SamplerSource(_message.Message):
     __slots__ = ("name", "distribution", "version")
@@ -222,16 +224,18 @@ class DecodeBatch(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., next_ids: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[_Union[OutputSpec, _Mapping]]] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., draft_ids: _Optional[_Iterable[int]] = ..., rollback: _Optional[_Iterable[int]] = ..., samplers: _Optional[_Iterable[_Union[RowSampler, _Mapping]]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches", "tokens_per_row", "greedy_steps", "stop_token_ids")
+    __slots__ = ("batches", "tokens_per_row", "greedy_steps", "stop_token_ids", "row_invariant")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_ROW_FIELD_NUMBER: _ClassVar[int]
     GREEDY_STEPS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROW_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[DecodeBatch]
     tokens_per_row: int
     greedy_steps: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, batches: _Optional[_Iterable[_Union[DecodeBatch, _Mapping]]] = ..., tokens_per_row: _Optional[int] = ..., greedy_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    row_invariant: bool
+    def __init__(self, batches: _Optional[_Iterable[_Union[DecodeBatch, _Mapping]]] = ..., tokens_per_row: _Optional[int] = ..., greedy_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., row_invariant: _Optional[bool] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("batch_id", "output", "timing")

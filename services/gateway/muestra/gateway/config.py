@@ -51,6 +51,12 @@ class GatewayConfig(ServiceConfig, RedisConfig):
     greedy_burst_ms: float = _f(
         100.0, "a burst is cut to the steps that the replica's recent step times say fit in this many milliseconds"
     )
+    row_invariant: str = _f(
+        "seeded",
+        "which requests get every token bitwise the same in any batch (their seed's tokens do not depend on what else "
+        "runs): seeded (requests that give a seed), all, or off. Only a request's steps alone cost more, ~1.9x on "
+        "the default model (the lm's --row-invariant, DecodeRequest.row_invariant)",
+    )
     speculation: str = _f(
         "off",
         "draft proposer of requests that name none (speculative decoding; the text for a seed is the same either "

@@ -21,6 +21,7 @@ from muestra.gateway.constraints.registry import ConstraintRegistry
 from muestra.gateway.generation.progress import Watchdog
 from muestra.gateway.generation.request import GenerationRequest
 from muestra.gateway.generation.routing import Router
+from muestra.gateway.generation.step_policy import ROW_INVARIANT
 from muestra.gateway.proposers.registry import OFF, ProposerRegistry
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.tokenize import TokenizeRPCs
@@ -138,6 +139,8 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
     ) -> None:
         if config.constraint_mask not in ("lm", "gateway"):
             raise ValueError(f"--constraint-mask must be lm or gateway, got {config.constraint_mask!r}")
+        if config.row_invariant not in ROW_INVARIANT:
+            raise ValueError(f"--row-invariant must be one of {', '.join(ROW_INVARIANT)}, got {config.row_invariant!r}")
         if not 1 <= config.greedy_burst <= 64:
             raise ValueError(f"--greedy-burst must be between 1 and 64, got {config.greedy_burst}")
         self.config = config
@@ -312,6 +315,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             n=n,
             rows=rows,
             seed=request.seed if request.HasField("seed") else secrets.randbits(63),
+            seeded=request.HasField("seed"),
             chain=chain,
             stop=list(request.stop),
             stop_token_ids=frozenset(request.stop_token_ids),

@@ -51,6 +51,14 @@ class LmConfig(ServiceConfig, RedisConfig):
             "installed sampler plugins that declare runs_in_lm; off: the gateway runs every chain"
         },
     )
+    row_invariant: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "on CPU, give every row bitwise the same logits in any batch: steps whose activation rows would "
+            "take a one-row kernel (float-activation 4-bit layers) run the several-row ones; a lone row's step only "
+            "when its Decode asks (DecodeRequest.row_invariant, ~1.9x that step)"
+        },
+    )
     max_draft_tokens: int = dataclasses.field(
         default=16,
         metadata={"help": "most draft tokens one row may have verified in one Decode (DecodeBatch.draft_lengths)"},

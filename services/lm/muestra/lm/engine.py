@@ -414,11 +414,27 @@ class Engine:
         tokens_per_row: int = 1,
         greedy_steps: int = 1,
         stop_ids: Sequence[int] = (),
+        row_invariant: bool = True,
     ) -> StepResult:
         """Append tokens_per_row tokens to every row (each item's next_ids holds them row after row) and step.
 
         With greedy_steps > 1, every row's argmax is then fed back and stepped, up to greedy_steps forwards
-        in all, or until every row has produced one of stop_ids."""
+        in all, or until every row has produced one of stop_ids. Without row_invariant, a step of one row alone
+        may take the model's one-row kernels (faster; its bits then differ from the same row in a batch)."""
+        self.decoder.lone_rows_invariant = row_invariant
+        try:
+            return self._decode(items, lease, tokens_per_row, greedy_steps, stop_ids)
+        finally:
+            self.decoder.lone_rows_invariant = True
+
+    def _decode(
+        self,
+        items: Sequence[DecodeInput],
+        lease: str,
+        tokens_per_row: int,
+        greedy_steps: int,
+        stop_ids: Sequence[int],
+    ) -> StepResult:
         if not items:
             raise InvalidArgument("batches", "give at least one batch")
         check_limit("tokens_per_row", tokens_per_row, 1, self.max_tokens_per_row)

@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from muestra.lm.int8_activations import describe_quantizer, int8_activations_before_kv
 from muestra.lm.kv import ConcatKV, SharedKV
+from muestra.lm.row_pad import ROW_PADS, add_row_pads, has_one_row_kernels, pads
 
 log = logging.getLogger("muestra.lm")
 
@@ -209,6 +210,7 @@ class OnnxDecoder:
         context_length: int = 0,
         name: str = "",
         intra_op_spinning: bool = True,
+        row_invariant: bool = True,
     ) -> None:
         folder = Path(folder)
         onnx_path = folder / "model.onnx"
@@ -228,10 +230,26 @@ class OnnxDecoder:
         if not intra_op_spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         wanted = resolve_providers(providers)
+        graph_model = onnx.load(onnx_path, load_external_data=False)
+        # On CPU, steps of one activation row run the kernels of several unless asked not to (row_pad.py).
+        self.row_pads = False
+        # Whether a step of a single activation row runs the several-row kernels too (the caller's choice).
+        self.lone_rows_invariant = True
+        source: str | bytes = str(onnx_path)
+        one_row_kernels = has_one_row_kernels(graph_model.graph)
+        if row_invariant and one_row_kernels and wanted[0] == "CPUExecutionProvider":
+            why_not = add_row_pads(graph_model)
+            self.row_pads = not why_not
+            if self.row_pads:
+                source = graph_model.SerializeToString()
+                options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+            else:
+                log.warning("one-row steps keep their own kernels (%s): a row's bits may depend on its batch", why_not)
         try:
-            self.session = ort.InferenceSession(str(onnx_path), options, providers=wanted)
+            self.session = ort.InferenceSession(source, options, providers=wanted)
         except Exception as exc:  # onnxruntime raises untyped errors
             raise ModelFolderError(f"onnxruntime cannot load {onnx_path}: {exc}") from exc
+        del source
         in_use = self.session.get_providers()
         if "CUDAExecutionProvider" in wanted and "CUDAExecutionProvider" not in in_use:
             if providers.strip().lower() != "auto" and wanted[0] == "CUDAExecutionProvider":
@@ -239,6 +257,10 @@ class OnnxDecoder:
             log.warning("onnxruntime could not start its CUDA provider (see its message above); running on CPU")
         log.info("onnxruntime providers in use: %s (asked for %s)", ", ".join(in_use), ", ".join(wanted))
         self.device = "cuda" if in_use[0] == "CUDAExecutionProvider" else "cpu"
+        # Whether every step gives a row the same bits in any batch (row_pad.py; measured on CPU only).
+        self.row_invariant = row_invariant and self.device == "cpu" and (self.row_pads or not one_row_kernels)
+        if self.row_pads:
+            log.info("row-invariant steps: one-row steps can run the several-row kernels (graph rows padded)")
 
         inputs = {i.name: i for i in self.session.get_inputs()}
         outputs = {o.name: o for o in self.session.get_outputs()}
@@ -274,7 +296,8 @@ class OnnxDecoder:
         self.output_names = ["logits", *self.present_names]
         # "node <name>, <op>" of the first node that quantizes activations to int8 before the KV, or "": on such a
         # graph a drafted position's KV is not a one-token step's (int8_activations.py). External data stays unread.
-        quantizer = int8_activations_before_kv(onnx.load(onnx_path, load_external_data=False).graph, self.present_names)
+        quantizer = int8_activations_before_kv(graph_model.graph, self.present_names)
+        del graph_model
         self.int8_before_kv = describe_quantizer(quantizer) if quantizer is not None else ""
         self._binding: ort.IOBinding | None = None
 
@@ -395,6 +418,8 @@ class OnnxDecoder:
             binding.bind_cpu_input("position_ids", position_ids.astype(self.pos_dtype, copy=False))
         if self.has_logits_positions:
             binding.bind_cpu_input(LOGITS_POSITIONS, _LAST if keep is None else keep)
+        if self.row_pads:
+            binding.bind_cpu_input(ROW_PADS, pads(input_ids.size, self.lone_rows_invariant))
         for name, value in zip(self.past_names, past, strict=True):
             binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits", "cpu")

@@ -180,6 +180,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             max_greedy_steps=self.engine.max_greedy_steps,
             max_draft_tokens=self.engine.max_draft_tokens,
             samplers=self.engine.samplers.sources() if self.engine.samplers is not None else [],
+            row_invariant=self.engine.decoder.row_invariant,
         )
 
     async def Prefill(self, request, context) -> lm_pb2.PrefillResponse:
@@ -387,7 +388,14 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         # Several steps hold the thread they run on for as many forwards: never the event loop's.
         run = self._decode_step if steps == 1 else self._on_model_thread
         result, output = await run(
-            self._step_output, self.engine.decode, items, lease_of(context), tokens, steps, list(request.stop_token_ids)
+            self._step_output,
+            self.engine.decode,
+            items,
+            lease_of(context),
+            tokens,
+            steps,
+            list(request.stop_token_ids),
+            request.row_invariant,
         )
         steps_run = result.steps_run
         metrics.DECODE_STEP_SECONDS.observe(result.forward_us / 1e6 / steps_run)
@@ -479,6 +487,7 @@ def load_engine(config: LmConfig) -> Engine:
         providers=config.providers,
         intra_op_threads=config.intra_op_threads,
         intra_op_spinning=config.intra_op_spinning,
+        row_invariant=config.row_invariant,
         context_length=config.context_length,
         name=config.model_name,
     )

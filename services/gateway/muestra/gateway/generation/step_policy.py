@@ -20,6 +20,8 @@ MAX_TOKENS_PER_STEP = 16
 MAX_STOP_IDS = 1024
 # Weight of the newest step in the running estimate of a replica's time per step.
 STEP_TIME_WEIGHT = 0.2
+# --row-invariant: which requests' Decodes ask the lm for bits independent of the batch.
+ROW_INVARIANT = ("seeded", "all", "off")
 
 
 def tokens_per_row(rows: list[Row]) -> int:
@@ -48,6 +50,15 @@ def bursts(row: Row, runnable: frozenset[tuple[str, str, str]] = frozenset()) ->
 def sampled_in_lm(row: Row, runnable: frozenset[tuple[str, str, str]]) -> bool:
     """Whether the lm picks this row's tokens with its chain when it runs a burst (DecodeBatch.samplers)."""
     return isinstance(row, Sequence) and bool(runnable) and row.sampling.runs_in_lm(runnable)
+
+
+def row_invariant(mode: str, rows: list[Row]) -> bool:
+    """DecodeRequest.row_invariant for a step of these rows: whether a step that runs one of them alone must
+    still give it the bits it gets in any batch (the lm's one-row kernels round otherwise; ~1.9x that step).
+    Steps of several rows are row-invariant anyway, so this is only ever a lone request's cost."""
+    if mode == "all":
+        return True
+    return mode == "seeded" and any(request.seeded for request in requests(rows))
 
 
 def stop_ids(rows: list[Sequence], eos: tuple[int, ...]) -> list[int]:

@@ -2,15 +2,17 @@
 
     .venv/bin/python -m bench.replays                       # 200 sampled + 50 greedy under 32 streams
     .venv/bin/python -m bench.replays --requests 40 --concurrency 8 --max-tokens 24
+    .venv/bin/python -m bench.replays --speculation ngram   # every request drafts with ngram
 
-Starts the stack on loopback (bench.stack, the tests' text fixture), sends `--requests` seeded sampled
-requests (temperature 1.0, distinct prompts and seeds, `--max-tokens` each, EOS ignored) and
-`--greedy` greedy ones, `--concurrency` at a time, then replays every one of them alone, one after
-another. Prints how many replays differ, where the first differing token was, and the same for the
-greedy control, and for each one that differs its seed, the first differing token and how many prompt
-tokens each run took from the prefix cache; `--json` writes the report. `--no-prefix-cache` sends every
-request with disable_prefix_cache: a prefix-cache hit computes the prompt's tail after a cached past,
-which rounds in the last bits unlike a whole prefill (docs/architecture.md, "Determinism under load").
+Starts the stack on loopback (bench.stack, the default text model unless `--text-model`), sends
+`--requests` seeded sampled requests (distinct prompts and seeds, half at temperature 1.0 and half with
+the model's own chain, `--max-tokens` each, EOS ignored) and `--greedy` greedy ones, `--concurrency` at
+a time, then replays every one of them alone, one after another. Prints how many replays differ, where
+the first differing token was, and the same for the greedy control, and for each one that differs its
+seed, the first differing token and how many prompt tokens each run took from the prefix cache; `--json`
+writes the report. `--no-prefix-cache` sends every request with disable_prefix_cache (a control: the
+prefix cache leaves at least two prompt tokens to run so that a hit gives a whole prefill's bits,
+docs/architecture.md, "Determinism under load").
 """
 
 from __future__ import annotations
@@ -29,22 +31,28 @@ import tempfile  # noqa: E402
 
 import grpc  # noqa: E402
 
-from bench.stack import LocalStack  # noqa: E402
+from bench.stack import DEFAULT_TEXT_MODEL, LocalStack  # noqa: E402
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
 
 WORDS = "el cielo es azul y la noche cae sobre la ciudad mientras los gatos duermen".split()
 
 
-def request(i: int, max_tokens: int, greedy: bool, prefix_cache: bool = True) -> gateway_pb2.GenerateRequest:
+def request(
+    i: int, max_tokens: int, greedy: bool, prefix_cache: bool = True, speculation: str = ""
+) -> gateway_pb2.GenerateRequest:
+    """Request i: greedy, or sampled at temperature 1.0 (even i) or with the model's own chain (odd i: no samplers
+    given); with `speculation`, it names that proposer."""
     prompt = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(3 + i % 17))
     chain = [gateway_pb2.SamplerSpec(name="greedy")] if greedy else []
     message = gateway_pb2.GenerateRequest(
         prompt=prompt, max_tokens=max_tokens, ignore_eos=True, seed=1000 + i, samplers=chain,
         disable_prefix_cache=not prefix_cache,
     )  # fmt: skip
-    if not greedy:
+    if not greedy and i % 2 == 0:
         message.samplers.add(name="temperature").params.update({"temperature": 1.0})
         message.samplers.add(name="sample")
+    if speculation:
+        message.speculation.proposer = speculation
     return message
 
 
@@ -117,17 +125,21 @@ def main() -> None:
     parser.add_argument(
         "--no-prefix-cache", action="store_true", help="send every request with disable_prefix_cache (a control)"
     )
+    parser.add_argument("--text-model", type=Path, default=DEFAULT_TEXT_MODEL, help="the text model folder")
+    parser.add_argument("--speculation", default="", help="a draft proposer every request names (e.g. ngram)")
     args = parser.parse_args()
-    cache = not args.no_prefix_cache
-    messages = [("sampled", request(i, args.max_tokens, False, cache)) for i in range(args.requests)]
-    messages += [("greedy", request(args.requests + i, args.max_tokens, True, cache)) for i in range(args.greedy)]
+    cache, spec = not args.no_prefix_cache, args.speculation
+    messages = [("sampled", request(i, args.max_tokens, False, cache, spec)) for i in range(args.requests)]
+    messages += [("greedy", request(args.requests + i, args.max_tokens, True, cache, spec)) for i in range(args.greedy)]
     with tempfile.TemporaryDirectory(prefix="muestra-replays-") as logs:
-        stack = LocalStack(Path(args.log_dir or logs), image_model=None)
+        stack = LocalStack(Path(args.log_dir or logs), text_model=args.text_model, image_model=None)
         try:
             report = asyncio.run(run(stack.gateway.address, messages, args.concurrency))
         finally:
             stack.close()
-    report.update(concurrency=args.concurrency, max_tokens=args.max_tokens)
+    report.update(
+        concurrency=args.concurrency, max_tokens=args.max_tokens, text_model=args.text_model.name, speculation=spec
+    )
     for kind in ("sampled", "greedy"):
         r = report[kind]
         where = f", first differing token at {r['first_difference_median']} (median)" if r["different"] else ""

@@ -31,6 +31,8 @@ REDIS_MAXMEMORY = 256 * 1024 * 1024
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_FIXTURE = ROOT / "models" / "tiny-text-fixture"
+# The default text model (`make default-model`): its 4-bit layers are where a row's bits could depend on its batch.
+DEFAULT_TEXT_MODEL = ROOT / "models" / "smollm2-135m-instruct"
 DEFAULT_IMAGE_MODEL = ROOT / "models" / "muestra-image"
 
 

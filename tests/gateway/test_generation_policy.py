@@ -11,7 +11,7 @@ import pytest
 from muestra.gateway.generation.detokenizer import Detokenizer
 from muestra.gateway.generation.progress import Progress
 from muestra.gateway.generation.request import GenerationRequest, Sequence
-from muestra.gateway.generation.step_policy import StepPolicy, stop_ids, tokens_per_row
+from muestra.gateway.generation.step_policy import StepPolicy, row_invariant, stop_ids, tokens_per_row
 from muestra.v1 import lm_pb2
 
 
@@ -67,6 +67,21 @@ def test_the_step_time_is_a_running_average_per_step():
     assert policy.step_s == pytest.approx(0.010 + 0.2 * 0.010)
     policy.timed(0, 0)  # an lm that does not time its steps changes nothing
     assert policy.step_s == pytest.approx(0.012)
+
+
+def test_a_step_asks_for_row_invariance_when_a_seeded_sampled_request_is_in_it():
+    def row(seeded: bool, argmax_only: bool) -> Sequence:
+        made = greedy_row(seeded=seeded)
+        made.sampling.chain = types.SimpleNamespace(argmax_only=argmax_only)
+        return made
+
+    sampled, unseeded, greedy = row(True, False), row(False, False), row(True, True)
+    assert row_invariant("seeded", [sampled])
+    assert row_invariant("seeded", [unseeded, sampled])
+    assert not row_invariant("seeded", [unseeded])
+    assert not row_invariant("seeded", [greedy])  # an argmax moves only at an exact near-tie: not worth ~1.9x
+    assert row_invariant("all", [unseeded]) and row_invariant("all", [greedy])
+    assert not row_invariant("off", [sampled])
 
 
 def test_tokens_per_row_and_stop_ids():

@@ -54,8 +54,8 @@ class GatewayConfig(ServiceConfig, RedisConfig):
     row_invariant: str = _f(
         "seeded",
         "which requests get every token bitwise the same in any batch (their seed's tokens do not depend on what else "
-        "runs): seeded (requests that give a seed), all, or off. Only a request's steps alone cost more, ~1.9x on "
-        "the default model (the lm's --row-invariant, DecodeRequest.row_invariant)",
+        "runs): seeded (sampled requests that give a seed), all (greedy and unseeded ones too), or off. Only the "
+        "steps where such a request runs alone cost more, ~1.9x on the default model (the lm's --row-invariant)",
     )
     speculation: str = _f(
         "off",

@@ -55,10 +55,13 @@ def sampled_in_lm(row: Row, runnable: frozenset[tuple[str, str, str]]) -> bool:
 def row_invariant(mode: str, rows: list[Row]) -> bool:
     """DecodeRequest.row_invariant for a step of these rows: whether a step that runs one of them alone must
     still give it the bits it gets in any batch (the lm's one-row kernels round otherwise; ~1.9x that step).
-    Steps of several rows are row-invariant anyway, so this is only ever a lone request's cost."""
+    Steps of several rows are row-invariant anyway, so this is only ever a lone request's cost. `seeded`: a
+    request that gave a seed and samples (an argmax chain's token moves only at an exact near-tie)."""
     if mode == "all":
         return True
-    return mode == "seeded" and any(request.seeded for request in requests(rows))
+    return mode == "seeded" and any(
+        isinstance(row, Sequence) and row.request.seeded and not row.sampling.chain.argmax_only for row in rows
+    )
 
 
 def stop_ids(rows: list[Sequence], eos: tuple[int, ...]) -> list[int]:

@@ -2,11 +2,18 @@
 
     .venv/bin/python bench/batch_invariance.py                          # the tiny text fixture
     .venv/bin/python bench/batch_invariance.py --model DIR --steps 40 --threads 1 --no-opt
+    .venv/bin/python bench/batch_invariance.py --model models/smollm2-135m-instruct --cost   # what it costs
 
 A target row (a fixed prompt, then fixed next tokens, so every run feeds it the same ids) is
 driven through the lm Engine in several batch situations; its logits after the prefill and after
 each decode step are compared with the target decoded alone: how many of the steps are bitwise
 equal, and the largest absolute difference. Neighbours get random prompts and tokens.
+
+The lm runs a row-invariant graph where the model needs one (muestra.lm.row_pad: one-row steps of the default
+model's 4-bit layers take the several-row kernels); --plain loads the graph as it is, to see the difference.
+--cost times decode steps of 1, 2 and 8 rows (after 64-token prompts) on the graph as it is, on the padded graph,
+and on the padded graph with lone steps padded too (DecodeRequest.row_invariant), in turns, best of --rounds; then
+streams through the whole stack (bench.stack): 1 and 8 streams with a seed (their lone steps padded) and without.
 
 A second table runs single-operator graphs (the ones a Llama step is made of) to show where
 variance can come from: a MatMul row with M-1 other rows beside it (the linear layers), and the
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +41,8 @@ from muestra.lm.model import OnnxDecoder  # noqa: E402
 SPEC = (0, 0)  # OUTPUT_KIND_UNSPECIFIED: full logits
 
 
-def load(model: Path, threads: int, optimize: bool) -> Engine:
-    decoder = OnnxDecoder(model, providers="cpu", intra_op_threads=threads)
+def load(model: Path, threads: int, optimize: bool, row_invariant: bool = True) -> Engine:
+    decoder = OnnxDecoder(model, providers="cpu", intra_op_threads=threads, row_invariant=row_invariant)
     if not optimize:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -112,14 +120,15 @@ def compare(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[int, float, i
 
 
 def model_table(args: argparse.Namespace) -> None:
-    engine = load(args.model, args.threads, not args.no_opt)
+    engine = load(args.model, args.threads, not args.no_opt, not args.plain)
     info = engine.info
     rng = np.random.default_rng(args.seed)
     prompt = rng.integers(3, info.vocab_size, args.length).astype(np.int64)
     ids = rng.integers(3, info.vocab_size, args.steps).astype(np.int64)
     target = Target(engine, prompt, ids, args.seed + 1)
     print(
-        f"model {args.model} ({info.layout}, {engine.decoder.storage_cls.__name__}), threads "
+        f"model {args.model} ({info.layout}, {engine.decoder.storage_cls.__name__}, rows padded: "
+        f"{engine.decoder.row_pads}), threads "
         f"{args.threads or 'default'}, graph optimizations {'off' if args.no_opt else 'all'}; target prompt "
         f"{args.length} tokens, {args.steps} decode steps (+ the prefill)"
     )
@@ -128,6 +137,87 @@ def model_table(args: argparse.Namespace) -> None:
     for name, plan in scenarios(args.length, args.steps).items():
         equal, diff, first = compare(reference, target.run(**plan))
         print(f"{name:<42} {equal:>6}/{len(reference):<6} {diff:>11.3g} {first if first >= 0 else '-':>10}")
+
+
+def cost_table(args: argparse.Namespace) -> None:
+    """ms per decode step: the graph as it is, padded, and padded with lone steps padded too, in turns."""
+    plain, padded = load(args.model, args.threads, True, False), load(args.model, args.threads, True, True)
+    variants = {"as it is": (plain, False), "rows padded": (padded, False), "lone steps too": (padded, True)}
+    rng = np.random.default_rng(args.seed)
+    vocab = plain.info.vocab_size
+
+    def timed(engine: Engine, rows: int, lone: bool) -> float:
+        prompts = [PrefillInput(f"r{i}", rng.integers(3, vocab, 64).astype(np.int64), SPEC) for i in range(rows)]
+        batch = engine.prefill(prompts).batch_id
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            step = DecodeInput(batch, rng.integers(3, vocab, rows).astype(np.int64), None)
+            batch = engine.decode([step], row_invariant=lone).batch_id
+        engine.clear([batch])
+        return (time.perf_counter() - started) / args.steps * 1e3
+
+    print(f"\nms per decode step ({args.steps} steps after 64-token prompts, best of {args.rounds}, in turns)")
+    print(f"{'rows':>4} " + " ".join(f"{name:>15}" for name in variants) + "  ratios to 'as it is'")
+    for rows in (1, 2, 8):
+        best = dict.fromkeys(variants, float("inf"))
+        for _ in range(args.rounds):
+            for name, (engine, lone) in variants.items():
+                best[name] = min(best[name], timed(engine, rows, lone))
+        ratios = " ".join(f"{best[name] / best['as it is']:.3f}" for name in list(variants)[1:])
+        print(f"{rows:>4} " + " ".join(f"{best[name]:>15.2f}" for name in variants) + f"  {ratios}")
+
+
+def stack_cost_table(args: argparse.Namespace) -> None:
+    """Streamed tokens/s through the whole stack (gateway, lm with --threads), the model's own chain, requests
+    with a seed (their lone steps padded: --row-invariant seeded) against the same requests without one."""
+    import asyncio
+    import tempfile
+
+    import grpc
+
+    from bench.stack import LocalStack
+    from muestra.v1 import gateway_pb2, gateway_pb2_grpc
+
+    async def round_(stub, streams: int, seeded: bool, tokens: int) -> float:
+        async def one(i: int) -> int:
+            message = gateway_pb2.GenerateRequest(
+                prompt=f"Story {i}: once upon a time", max_tokens=tokens, ignore_eos=True, disable_prefix_cache=True
+            )
+            if seeded:
+                message.seed = i
+            got = 0
+            async for reply in stub.Generate(message, timeout=600):
+                got += len(reply.delta.token_ids) if reply.HasField("delta") else 0
+            return got
+
+        started = time.perf_counter()
+        counts = await asyncio.gather(*(one(i) for i in range(streams)))
+        return sum(counts) / (time.perf_counter() - started)
+
+    async def main(address: str) -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            await round_(stub, 1, True, 8)  # warm up
+            print(
+                f"\nstreamed tokens/s through the stack ({args.stack_tokens} tokens a stream, the model's chain, "
+                f"lm --intra-op-threads {args.threads or 'default'}, best of {args.rounds}, in turns)"
+            )
+            print(f"{'streams':>7} {'no seed':>9} {'seeded':>9} {'seeded / no seed':>17}")
+            for streams in (1, 8):
+                best = {False: 0.0, True: 0.0}
+                for _ in range(args.rounds):
+                    for seeded in (False, True):
+                        rate = await round_(stub, streams, seeded, args.stack_tokens)
+                        best[seeded] = max(best[seeded], rate)
+                print(f"{streams:>7} {best[False]:>9.1f} {best[True]:>9.1f} {best[True] / best[False]:>17.3f}")
+
+    lm_args = ("--intra-op-threads", str(args.threads)) if args.threads else ()
+    with tempfile.TemporaryDirectory(prefix="muestra-row-cost-") as logs:
+        stack = LocalStack(Path(logs), text_model=args.model, image_model=None, lm_args=lm_args)
+        try:
+            asyncio.run(main(stack.gateway.address))
+        finally:
+            stack.close()
 
 
 def _session(nodes, inputs, outputs, initializers, args: argparse.Namespace) -> ort.InferenceSession:
@@ -200,7 +290,15 @@ def main() -> None:
     parser.add_argument("--no-opt", action="store_true", help="disable onnxruntime graph optimizations")
     parser.add_argument("--no-ops", action="store_true", help="skip the single-operator table")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plain", action="store_true", help="load the graph without the lm's row padding")
+    parser.add_argument("--cost", action="store_true", help="time decode steps with and without the row padding")
+    parser.add_argument("--rounds", type=int, default=3, help="--cost: rounds, each variant in turn; best counts")
+    parser.add_argument("--stack-tokens", type=int, default=128, help="--cost: tokens a stream through the stack")
     args = parser.parse_args()
+    if args.cost:
+        cost_table(args)
+        stack_cost_table(args)
+        return
     model_table(args)
     if not args.no_ops:
         op_table(args)

@@ -2,11 +2,12 @@
 
     .venv/bin/python -m bench.soak --concurrency 64 --seconds 600        # the issue's run
     .venv/bin/python -m bench.soak --concurrency 32 --seconds 60 --lm-replicas 2
-    .venv/bin/python -m bench.soak --text-model models/smollm2-135m-instruct   # drafts verified (ngram)
+    .venv/bin/python -m bench.soak --text-model models/tiny-text-fixture   # faster; verifies no drafts
 
 It starts redis-server, the tokenizer, the lm replica(s), the diffusion service and the gateway (gRPC and
-HTTP) with the default models, runs bench.workload at the given concurrency, then checks every gRPC
-completion's text against the tokenizer's decode of its ids and every replay against its original.
+HTTP) with the default models (text: models/smollm2-135m-instruct), runs bench.workload at the given
+concurrency, then checks every gRPC completion's text against the tokenizer's decode of its ids and every
+replay against its original.
 It prints counts by outcome and by kind, hung streams (no progress for --hang-s), TTFT and inter-token
 latency percentiles, each service's RSS at the start, after --rss-after seconds and at the end, and exits
 non-zero on any failed, refused, lost, hung or wrong request, or (runs of at least 3 x --rss-after) on an
@@ -30,7 +31,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
 
-from bench.stack import DEFAULT_IMAGE_MODEL, REDIS_MAXMEMORY, TEXT_FIXTURE, LocalStack  # noqa: E402
+from bench.stack import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, REDIS_MAXMEMORY, LocalStack  # noqa: E402
 from bench.workload import Workload, check_text, summarize  # noqa: E402
 
 BAD = ("failed", "refused", "lost", "hung")
@@ -235,9 +236,9 @@ def main() -> None:
     parser.add_argument(
         "--text-model",
         type=Path,
-        default=TEXT_FIXTURE,
-        help="the text model folder (default: the tests' fixture, which quantizes activations to int8 and so "
-        "verifies no drafts; models/smollm2-135m-instruct does)",
+        default=DEFAULT_TEXT_MODEL,
+        help="the text model folder (default: the default model, models/smollm2-135m-instruct; the tests' fixture, "
+        "models/tiny-text-fixture, is faster but quantizes activations to int8 and so verifies no drafts)",
     )
     args = parser.parse_args()
     os.environ["MUESTRA_GATEWAY_SPECULATION"] = args.speculation  # the stack's processes inherit it

@@ -6,8 +6,9 @@ muestra runs as `muestra up` runs it (bench.conversations.start_muestra: redis-s
 --intra-op-threads THREADS, gateway, with their defaults) on models/smollm2-135m-instruct; llama-server (built
 by bench/llama_cpp.py) serves models/smollm2-135m-instruct/source/*.gguf with -t THREADS -np STREAMS --jinja,
 started again for each number of streams. Every request goes through the official `openai` client,
-`chat.completions.create(stream=True)`, with a seed of its own, max_tokens TOKENS and ignore_eos: every stream
-must come back with exactly TOKENS completion tokens (usage.completion_tokens), or the bench stops.
+`chat.completions.create(stream=True)`, with max_tokens TOKENS and ignore_eos (and with `--seeded`, a seed of its
+own): every stream must come back with exactly TOKENS completion tokens (usage.completion_tokens), or the bench
+stops.
 
 Three sampling configurations:
     greedy  temperature 0 on both.
@@ -105,14 +106,16 @@ def messages(tag: str, stream: int) -> list[dict]:
 # -- one round ------------------------------------------------------------------------------------------
 
 
-async def stream_story(server: Server, messages: list[dict], fields: dict, seed: int, tokens: int) -> dict:
+async def stream_story(server: Server, messages: list[dict], fields: dict, seed: int | None, tokens: int) -> dict:
     """One streamed chat completion of `tokens` tokens (ignore_eos): when it was sent and ended, its TTFT,
     its usage's completion tokens and how many content chunks carried them."""
     native = {key: fields[key] for key in ("temperature", "top_p") if key in fields}
     extra = {key: value for key, value in fields.items() if key not in native}
+    if seed is not None:
+        native["seed"] = seed
     sent = time.perf_counter()
     stream = await server.client.chat.completions.create(
-        model=server.model, messages=messages, max_tokens=tokens, seed=seed, stream=True,
+        model=server.model, messages=messages, max_tokens=tokens, stream=True,
         stream_options={"include_usage": True}, extra_body={**extra, "ignore_eos": True}, **native,
     )  # fmt: skip
     first, usage, chunks, finish = None, None, 0, None
@@ -153,7 +156,9 @@ async def one_round(server: Server, config: str, streams: int, tag: str, args) -
     meter = CpuMeter(server.pids)
     started = time.perf_counter()
     tasks = [
-        asyncio.ensure_future(stream_story(server, messages(tag, i), fields, args.seed + i, args.tokens))
+        asyncio.ensure_future(
+            stream_story(server, messages(tag, i), fields, args.seed + i if args.seeded else None, args.tokens)
+        )
         for i in range(streams)
     ]
     replies = await gather_all(tasks)
@@ -287,7 +292,13 @@ def main() -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8], help="concurrent streams per round")
     parser.add_argument("--tokens", type=int, default=200, help="completion tokens per stream (ignore_eos)")
     parser.add_argument("--threads", type=int, default=2, help="llama-server -t and the lm's --intra-op-threads")
-    parser.add_argument("--seed", type=int, default=0, help="stream i of a round has seed SEED + i")
+    parser.add_argument("--seed", type=int, default=0, help="with --seeded, stream i of a round has seed SEED + i")
+    parser.add_argument(
+        "--seeded",
+        action="store_true",
+        help="send every stream a seed (muestra then runs a lone sampled stream row-invariant, ~1.9x its step; "
+        "docs/architecture.md, 'Determinism under load'); by default none is sent, as most chats send none",
+    )
     parser.add_argument("--max-foreign-share", type=float, default=0.25, help="run a round again above it")
     parser.add_argument("--retries", type=int, default=2, help="most times one round is run again")
     parser.add_argument("--out", type=Path, default=None, help="write every figure here (JSON)")
@@ -303,7 +314,10 @@ def main() -> None:
         "muestra_gateway": importlib.util.find_spec("muestra.gateway").origin,
         "llama.cpp": llama_cpp.SDIST,
         "model": MODEL.name,
-        **{key: getattr(args, key) for key in ("rounds", "tokens", "threads", "seed", "max_foreign_share", "retries")},
+        **{
+            key: getattr(args, key)
+            for key in ("rounds", "tokens", "threads", "seed", "seeded", "max_foreign_share", "retries")
+        },
         "results": {},
         "discarded": {},
     }

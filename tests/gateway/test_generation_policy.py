@@ -11,7 +11,13 @@ import pytest
 from muestra.gateway.generation.detokenizer import Detokenizer
 from muestra.gateway.generation.progress import Progress
 from muestra.gateway.generation.request import GenerationRequest, Sequence
-from muestra.gateway.generation.step_policy import StepPolicy, row_invariant, stop_ids, tokens_per_row
+from muestra.gateway.generation.step_policy import (
+    StepPolicy,
+    row_invariant,
+    stop_ids,
+    tokens_per_row,
+    wants_row_invariance,
+)
 from muestra.v1 import lm_pb2
 
 
@@ -69,19 +75,17 @@ def test_the_step_time_is_a_running_average_per_step():
     assert policy.step_s == pytest.approx(0.012)
 
 
-def test_a_step_asks_for_row_invariance_when_a_seeded_sampled_request_is_in_it():
-    def row(seeded: bool, argmax_only: bool) -> Sequence:
-        made = greedy_row(seeded=seeded)
-        made.sampling.chain = types.SimpleNamespace(argmax_only=argmax_only)
-        return made
-
-    sampled, unseeded, greedy = row(True, False), row(False, False), row(True, True)
-    assert row_invariant("seeded", [sampled])
-    assert row_invariant("seeded", [unseeded, sampled])
-    assert not row_invariant("seeded", [unseeded])
-    assert not row_invariant("seeded", [greedy])  # an argmax moves only at an exact near-tie: not worth ~1.9x
-    assert row_invariant("all", [unseeded]) and row_invariant("all", [greedy])
-    assert not row_invariant("off", [sampled])
+def test_row_invariance_is_for_seeded_sampled_requests_and_one_of_them_makes_a_step_ask_for_it():
+    sampled = types.SimpleNamespace(is_search=False, argmax_only=False)
+    greedy = types.SimpleNamespace(is_search=False, argmax_only=True)
+    beams = types.SimpleNamespace(is_search=True, argmax_only=False)
+    assert wants_row_invariance("seeded", True, sampled)
+    assert not wants_row_invariance("seeded", False, sampled)  # no seed to replay
+    assert not wants_row_invariance("seeded", True, greedy)  # an argmax moves only at an exact near-tie
+    assert not wants_row_invariance("seeded", True, beams)
+    assert wants_row_invariance("all", False, greedy) and not wants_row_invariance("off", True, sampled)
+    asking, other = greedy_row(row_invariant=True), greedy_row()
+    assert row_invariant([other, asking]) and not row_invariant([other])
 
 
 def test_tokens_per_row_and_stop_ids():

@@ -21,7 +21,7 @@ from muestra.gateway.constraints.registry import ConstraintRegistry
 from muestra.gateway.generation.progress import Watchdog
 from muestra.gateway.generation.request import GenerationRequest
 from muestra.gateway.generation.routing import Router
-from muestra.gateway.generation.step_policy import ROW_INVARIANT
+from muestra.gateway.generation.step_policy import ROW_INVARIANT, wants_row_invariance
 from muestra.gateway.proposers.registry import OFF, ProposerRegistry
 from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
 from muestra.gateway.tokenize import TokenizeRPCs
@@ -274,6 +274,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
                     if asked is not None:
                         raise
                     speculation = None  # the gateway's default cannot draft for this model (it is the draft model)
+        row_invariant = wants_row_invariance(self.config.row_invariant, request.HasField("seed"), chain)
         constraint = None
         if request.HasField("constraint"):
             if chain.is_search:
@@ -315,7 +316,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             n=n,
             rows=rows,
             seed=request.seed if request.HasField("seed") else secrets.randbits(63),
-            seeded=request.HasField("seed"),
+            row_invariant=row_invariant,
             chain=chain,
             stop=list(request.stop),
             stop_token_ids=frozenset(request.stop_token_ids),

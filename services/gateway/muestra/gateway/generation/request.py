@@ -38,7 +38,9 @@ class GenerationRequest:
     speculation: object = None  # the request's proposer and params (proposers.registry.Speculation), or None
     prompt_cache_key: str = ""  # GenerateRequest.prompt_cache_key: a routing hint
     chat: bool = False  # its prompt is a conversation (messages): its turn is cached in Redis when it ends
-    seeded: bool = False  # it gave its seed: with --row-invariant seeded, its steps alone run row-invariant
+    # Its tokens must not depend on its batch (--row-invariant): its steps alone run row-invariant too
+    # (DecodeRequest.row_invariant).
+    row_invariant: bool = False
     # Filled in by the gateway and the scheduler.
     arrival: float = dataclasses.field(default_factory=time.monotonic)
     admitted: float | None = None

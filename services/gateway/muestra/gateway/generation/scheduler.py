@@ -80,7 +80,6 @@ class ReplicaScheduler:
         self.max_rows = config.max_batch_rows
         self.max_queue = config.max_queue
         self.mask_in_lm = config.constraint_mask == "lm"
-        self.row_invariant = config.row_invariant
         self.model_info = ModelInfo(model.vocab_size, model.eos_token_ids, model.context_length)
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
         self.batch = RunningBatch()
@@ -419,7 +418,7 @@ class ReplicaScheduler:
         request = lm_pb2.DecodeRequest(
             batches=self.batch.decode_batches(masked, tokens, runnable if steps > 1 else frozenset()),
             tokens_per_row=tokens if tokens > 1 else 0,
-            row_invariant=row_invariant(self.row_invariant, every),
+            row_invariant=row_invariant(every),
         )
         if steps > 1:
             request.greedy_steps = steps

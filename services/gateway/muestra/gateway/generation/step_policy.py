@@ -52,16 +52,20 @@ def sampled_in_lm(row: Row, runnable: frozenset[tuple[str, str, str]]) -> bool:
     return isinstance(row, Sequence) and bool(runnable) and row.sampling.runs_in_lm(runnable)
 
 
-def row_invariant(mode: str, rows: list[Row]) -> bool:
-    """DecodeRequest.row_invariant for a step of these rows: whether a step that runs one of them alone must
-    still give it the bits it gets in any batch (the lm's one-row kernels round otherwise; ~1.9x that step).
-    Steps of several rows are row-invariant anyway, so this is only ever a lone request's cost. `seeded`: a
-    request that gave a seed and samples (an argmax chain's token moves only at an exact near-tie)."""
+def wants_row_invariance(mode: str, seeded: bool, chain) -> bool:
+    """Whether a request's tokens must not depend on its batch (--row-invariant): under `seeded`,
+    a sampled request that gave a seed (an argmax chain's token moves only at an exact near-tie); under `all`,
+    every request."""
     if mode == "all":
         return True
-    return mode == "seeded" and any(
-        isinstance(row, Sequence) and row.request.seeded and not row.sampling.chain.argmax_only for row in rows
-    )
+    return mode == "seeded" and seeded and not (chain.is_search or chain.argmax_only)
+
+
+def row_invariant(rows: list[Row]) -> bool:
+    """DecodeRequest.row_invariant for a step of these rows: whether a step that runs one of them alone must
+    still give it the bits it gets in any batch (the lm's one-row kernels round otherwise; ~1.9x that step).
+    Steps of several rows are row-invariant anyway, so this is only ever a lone request's cost."""
+    return any(request.row_invariant for request in requests(rows))
 
 
 def stop_ids(rows: list[Sequence], eos: tuple[int, ...]) -> list[int]:

@@ -46,7 +46,7 @@ def test_seeded_requests_give_the_same_tokens_under_load_as_alone_on_the_default
     the lm), then each alone: the same tokens; greedy ones too. Without the prefix cache, whose hits may adopt KV
     that other rows computed one position at a time (docs/architecture.md, "Determinism under load")."""
     model = default_model_or_skip()
-    args = ["--requests", "32", "--greedy", "8", "--concurrency", "32", "--max-tokens", "24", "--no-prefix-cache"]
+    args = ["--requests", "32", "--greedy", "8", "--concurrency", "32", "--max-tokens", "48", "--no-prefix-cache"]
     args += ["--text-model", str(model)] + (["--speculation", speculation] if speculation else [])
     report = bench("bench.replays", args, tmp_path, timeout_s=900)
     assert report["greedy"] == {"requests": 8, "different": 0, "first_difference_median": None, "differing": []}

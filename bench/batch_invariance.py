@@ -83,7 +83,7 @@ class Target:
             if step in joins:
                 joined, _ = self._prefill([self._tokens(n) for n in joins[step]])
                 items.append(DecodeInput(joined, self._tokens(len(joins[step])), None))
-            result = self.engine.decode(items)
+            result = self.engine.decode(items, row_invariant=True)  # as for a seeded request
             batch = result.batch_id
             out.append(result.logits[0])
             if step in leaves:

@@ -414,7 +414,7 @@ class Engine:
         tokens_per_row: int = 1,
         greedy_steps: int = 1,
         stop_ids: Sequence[int] = (),
-        row_invariant: bool = True,
+        row_invariant: bool = False,
     ) -> StepResult:
         """Append tokens_per_row tokens to every row (each item's next_ids holds them row after row) and step.
 
@@ -425,7 +425,7 @@ class Engine:
         try:
             return self._decode(items, lease, tokens_per_row, greedy_steps, stop_ids)
         finally:
-            self.decoder.lone_rows_invariant = True
+            self.decoder.lone_rows_invariant = False
 
     def _decode(
         self,

@@ -233,8 +233,8 @@ class OnnxDecoder:
         graph_model = onnx.load(onnx_path, load_external_data=False)
         # On CPU, steps of one activation row run the kernels of several unless asked not to (row_pad.py).
         self.row_pads = False
-        # Whether a step of a single activation row runs the several-row kernels too (the caller's choice).
-        self.lone_rows_invariant = True
+        # Whether a step of a single activation row runs the several-row kernels too (Engine.decode sets it per call).
+        self.lone_rows_invariant = False
         source: str | bytes = str(onnx_path)
         one_row_kernels = has_one_row_kernels(graph_model.graph)
         if row_invariant and one_row_kernels and wanted[0] == "CPUExecutionProvider":

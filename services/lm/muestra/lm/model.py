@@ -230,7 +230,10 @@ class OnnxDecoder:
         if not intra_op_spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         wanted = resolve_providers(providers)
-        graph_model = onnx.load(onnx_path, load_external_data=False)
+        try:
+            graph_model = onnx.load(onnx_path, load_external_data=False)
+        except Exception as exc:  # protobuf's DecodeError, or anything onnx raises on a file that is not a model
+            raise ModelFolderError(f"onnxruntime cannot load {onnx_path}: it is not an ONNX model ({exc})") from exc
         # On CPU, steps of one activation row run the kernels of several unless asked not to (row_pad.py).
         self.row_pads = False
         # Whether a step of a single activation row runs the several-row kernels too (Engine.decode sets it per call).

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-ATTACKER_NICE = 10
+ATTACKER_NICE = 19
 BYSTANDER_S = 1.0  # a tiny request's answer takes ~10 ms on an idle machine (see bystander_bound)
 
 

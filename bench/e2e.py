@@ -296,7 +296,7 @@ def main() -> None:
     parser.add_argument(
         "--seeded",
         action="store_true",
-        help="send every stream a seed (muestra then runs a lone sampled stream row-invariant, ~1.9x its step; "
+        help="send every stream a seed (muestra then runs a lone sampled stream row-invariant, ~1.7x its step; "
         "docs/architecture.md, 'Determinism under load'); by default none is sent, as most chats send none",
     )
     parser.add_argument("--max-foreign-share", type=float, default=0.25, help="run a round again above it")

@@ -55,7 +55,7 @@ class GatewayConfig(ServiceConfig, RedisConfig):
         "seeded",
         "which requests get every token bitwise the same in any batch (their seed's tokens do not depend on what else "
         "runs): seeded (sampled requests that give a seed), all (greedy and unseeded ones too), or off. Only the "
-        "steps where such a request runs alone cost more, ~1.9x on the default model (the lm's --row-invariant)",
+        "steps where such a request runs alone cost more, ~1.7x on the default model (the lm's --row-invariant)",
     )
     speculation: str = _f(
         "off",

@@ -56,7 +56,7 @@ class LmConfig(ServiceConfig, RedisConfig):
         metadata={
             "help": "on CPU, give every row bitwise the same logits in any batch: steps whose activation rows would "
             "take a one-row kernel (float-activation 4-bit layers) run the several-row ones; a lone row's step only "
-            "when its Decode asks (DecodeRequest.row_invariant, ~1.9x that step)"
+            "when its Decode asks (DecodeRequest.row_invariant, ~1.7x that step)"
         },
     )
     max_draft_tokens: int = dataclasses.field(

@@ -16,7 +16,7 @@ GroupQueryAttention (the only operator that ties a row to its KV) and before the
 are appended again after each attention. A zero row stays zero through the layers (the RMS norm of zeros is
 zero), so it costs its rows' work and nothing else. The lm feeds one when a step has rows % 128 == 1, so the
 real rows get the several-row kernels whatever the batch. A step of one row alone (a lone request decoding)
-costs about 1.9x its time that way, so it is padded only when its caller asks (DecodeRequest.row_invariant;
+costs about 1.7x its time that way, so it is padded only when its caller asks (DecodeRequest.row_invariant;
 the gateway asks for requests that give a seed); every other such step always is.
 """
 
@@ -26,10 +26,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from muestra.lm.int8_activations import quantizes_activations
+
 # The graph input: int64 [6], the Pad op's pads for a [batch, positions, hidden] tensor (rows added at the end).
 ROW_PADS = "muestra_row_pads"
-# MatMulNBits at this accuracy level quantizes activations to int8 and has no separate one-row kernel.
-_INT8_ACCURACY_LEVEL = 4
 # MLAS runs a MatMulNBits call's rows in slices of this many (one per thread's share).
 ROW_SLICE = 128
 _EMBEDDINGS = ("Gather", "GatherBlockQuantized")
@@ -41,13 +41,14 @@ _ONE = np.array([0, 0, 0, 1, 0, 0], dtype=np.int64)
 
 def pads(rows: int, lone: bool) -> np.ndarray:
     """ROW_PADS for a step of `rows` activation rows (batch rows x new positions). A step of one row alone is
-    padded only when `lone` (it costs ~1.9x that step); a one-row slice of more rows costs next to nothing."""
+    padded only when `lone` (it costs ~1.7x that step); a one-row slice of more rows costs next to nothing."""
     return _ONE if rows % ROW_SLICE == 1 and (rows > 1 or lone) else _NONE
 
 
 def has_one_row_kernels(graph: onnx.GraphProto) -> bool:
     """Whether a node of the graph computes a row alone otherwise than beside others (see the module's text)."""
-    return any(node.op_type == "MatMulNBits" and _accuracy_level(node) != _INT8_ACCURACY_LEVEL for node in graph.node)
+    # MatMulNBits on int8 activations (accuracy level 4) has no separate one-row kernel; on float ones it has.
+    return any(node.op_type == "MatMulNBits" and not quantizes_activations(node) for node in graph.node)
 
 
 def add_row_pads(model: onnx.ModelProto) -> str:
@@ -126,7 +127,3 @@ def add_row_pads(model: onnx.ModelProto) -> str:
         graph.node.extend(before.get(index, []))
         graph.node.append(node)
     return ""
-
-
-def _accuracy_level(node: onnx.NodeProto) -> int:
-    return next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)

@@ -63,7 +63,7 @@ def wants_row_invariance(mode: str, seeded: bool, chain) -> bool:
 
 def row_invariant(rows: list[Row]) -> bool:
     """DecodeRequest.row_invariant for a step of these rows: whether a step that runs one of them alone must
-    still give it the bits it gets in any batch (the lm's one-row kernels round otherwise; ~1.9x that step).
+    still give it the bits it gets in any batch (the lm's one-row kernels round otherwise; ~1.7x that step).
     Steps of several rows are row-invariant anyway, so this is only ever a lone request's cost."""
     return any(request.row_invariant for request in requests(rows))
 

@@ -175,7 +175,9 @@ async function run(view, body, target, statsEl) {
             s.last = now;
             s.tokens += entries && entries.length ? entries.length : 1;
             text += piece;
+            const follow = atBottom(target);
             target.append(tokenSpan(piece, entries));
+            if (follow) scrollToBottom(target);
           }
           if (choice.finish_reason) s.finish = choice.finish_reason;
         }
@@ -203,6 +205,21 @@ async function run(view, body, target, statsEl) {
   return { text, error: null };
 }
 
+// The chat log follows a streaming answer only while the reader is at its end: scrolling up to read stays put.
+function scroller(el) {
+  return el.closest("#chat-log");
+}
+
+function atBottom(el) {
+  const log = scroller(el);
+  return !!log && log.scrollHeight - log.scrollTop - log.clientHeight < 32;
+}
+
+function scrollToBottom(el) {
+  const log = scroller(el);
+  if (log) log.scrollTop = log.scrollHeight;
+}
+
 function messageElement(role) {
   const el = document.createElement("div");
   el.className = `message ${role}`;
@@ -218,6 +235,7 @@ function messageElement(role) {
     el.append(stats);
   }
   $("chat-log").append(el);
+  scrollToBottom(el);
   return el;
 }
 

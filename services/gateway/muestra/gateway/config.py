@@ -89,6 +89,13 @@ class GatewayConfig(ServiceConfig, RedisConfig):
     )
     prefix_cache_block_size: int = _f(32, "tokens per prefix-cache block (0: no prefix cache)")
     prefix_cache_key_prefix: str = _f("muestra:kv:", "prefix of the cache's Redis keys (the lm's must match)")
+    responses_ttl_s: float = _f(
+        30 * 24 * 3600.0, "how long a stored /v1/responses response (and its conversation) is kept, in seconds"
+    )
+    responses_max_stored: int = _f(
+        10000, "stored responses kept in process when there is no --redis-url (the oldest go first)"
+    )
+    responses_key_prefix: str = _f("muestra:resp:", "prefix of the stored responses' Redis keys")
     http_port: int = _f(8000, "OpenAI-compatible HTTP API port (0: pick a free one, -1: off)")
     http_host: str = _f("", "address the HTTP API binds (empty: the same as --host)")
     http_max_body_bytes: int = _f(8 * 1024 * 1024, "largest HTTP request body, in bytes (413 beyond it)")

@@ -10,9 +10,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from muestra.gateway import a1111, playground
-from muestra.gateway.openai import listings, routes, state
+from muestra.gateway.openai import listings, response_routes, routes, state
 from muestra.gateway.openai.edge import Edge
 from muestra.gateway.openai.errors import OpenAIError, from_validation
+from muestra.gateway.openai.response_store import MemoryStore
 from muestra.gateway.openai.state import Servicer
 from muestra.gateway.server import GatewayServicer
 
@@ -49,16 +50,22 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse(error.body(), status_code=exc.status_code)
 
 
-def create_app(servicer: GatewayServicer, keys: list[str], max_body_bytes: int, body_timeout_s: float = 60.0) -> Edge:
-    """The ASGI app: the routes behind the Edge (API keys, body limit and deadline, request ids, logs, metrics)."""
+def create_app(
+    servicer: GatewayServicer, keys: list[str], max_body_bytes: int, body_timeout_s: float = 60.0, response_store=None
+) -> Edge:
+    """The ASGI app: the routes behind the Edge (API keys, body limit and deadline, request ids, logs, metrics).
+
+    `response_store`: where /v1/responses keeps stored responses (response_store.open_store), in process by default.
+    """
     app = FastAPI(title="muestra", docs_url=None, redoc_url=None, openapi_url=None)
     state.attach(app, servicer)
+    app.state.response_store = response_store if response_store is not None else MemoryStore(30 * 24 * 3600.0, 10000)
     app.state.a1111_jobs = a1111.Jobs()
     app.state.playground_files = playground.load_files()
     app.add_exception_handler(OpenAIError, openai_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(a1111.A1111Error, a1111.a1111_error)
-    for router in (routes.router, listings.router, a1111.router, playground.router, service):
+    for router in (routes.router, response_routes.router, listings.router, a1111.router, playground.router, service):
         app.include_router(router)
     return Edge(app, keys, max_body_bytes, body_timeout_s)

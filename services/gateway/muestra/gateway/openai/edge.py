@@ -28,6 +28,7 @@ OPEN_PATHS = ("/health",)  # and the playground's own files (is_open_path)
 KNOWN_PATHS = {
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
     "/v1/images/generations",
     "/v1/images/edits",
     "/sdapi/v1/txt2img",

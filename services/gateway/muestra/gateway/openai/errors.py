@@ -93,9 +93,9 @@ def _is_type_tag(part) -> bool:
 
 
 def location_param(loc: Iterable) -> str | None:
-    """('body', 'messages', 0, 'content') -> 'messages[0].content'."""
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'; ('query', 'limit') -> 'limit'."""
     parts = [p for p in loc if not _is_type_tag(p)]
-    if parts and parts[0] == "body":
+    if parts and parts[0] in ("body", "query", "path"):
         parts = parts[1:]
     param = ""
     for part in parts:

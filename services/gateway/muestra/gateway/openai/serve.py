@@ -172,6 +172,7 @@ class HttpServer:
         )
         self.server = _Uvicorn(config)
         self.task: asyncio.Task | None = None
+        self.closing: list = []  # coroutine functions run once the server has stopped (the response store's client)
 
     @property
     def url(self) -> str:
@@ -194,3 +195,5 @@ class HttpServer:
         self.server.should_exit = True
         await self.task
         self.task = None
+        for close in self.closing:
+            await close()

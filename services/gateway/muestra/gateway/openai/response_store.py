@@ -1,0 +1,129 @@
+"""Stored responses of /v1/responses: each under the API key that made it, for a TTL, in Redis or in process.
+
+A record is one JSON object: the response as the API returns it, the request's own input items, and the whole
+conversation up to and including this response's output (what `previous_response_id` continues). Another key's
+records are out of reach: the owner, a digest of the API key, is part of every record's key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import json
+import logging
+import time
+
+from prometheus_client import Counter
+
+from muestra.gateway.openai.errors import OpenAIError
+
+log = logging.getLogger("muestra.gateway.responses")
+
+STORE_ERRORS = Counter(
+    "muestra_responses_store_errors_total", "Calls to the stored responses' Redis that failed", ["operation"]
+)
+
+
+def owner_of(api_key: str | None) -> str:
+    """The key space of one API key (a digest: the key itself is never stored); "-" on a gateway without keys."""
+    if not api_key:
+        return "-"
+    return hashlib.blake2b(api_key.encode(), digest_size=12, person=b"muestra-resp").hexdigest()
+
+
+def unavailable(operation: str) -> OpenAIError:
+    return OpenAIError(
+        503, f"the stored responses are unavailable (Redis did not answer the {operation}); try again",
+        "server_error", None, "store_unavailable",
+    )  # fmt: skip
+
+
+class MemoryStore:
+    """In process: the most recent `max_records`, each for `ttl_s` seconds. Lost when the gateway stops."""
+
+    where = "in process"
+
+    def __init__(self, ttl_s: float, max_records: int) -> None:
+        self.ttl_s = ttl_s
+        self.max_records = max_records
+        self.records: collections.OrderedDict[tuple[str, str], tuple[float, str]] = collections.OrderedDict()
+
+    async def put(self, owner: str, response_id: str, record: dict) -> None:
+        self.records[owner, response_id] = (time.monotonic() + self.ttl_s, json.dumps(record, ensure_ascii=False))
+        self.records.move_to_end((owner, response_id))
+        while len(self.records) > self.max_records:
+            self.records.popitem(last=False)
+
+    async def get(self, owner: str, response_id: str) -> dict | None:
+        found = self.records.get((owner, response_id))
+        if found is None:
+            return None
+        expires, text = found
+        if time.monotonic() >= expires:
+            del self.records[owner, response_id]
+            return None
+        return json.loads(text)
+
+    async def delete(self, owner: str, response_id: str) -> bool:
+        return await self.get(owner, response_id) is not None and self.records.pop((owner, response_id)) is not None
+
+    async def close(self) -> None:
+        self.records.clear()
+
+
+class RedisStore:
+    """In the deployment's Redis, under `key_prefix` + owner + id, each with Redis's own expiry (SET EX)."""
+
+    def __init__(self, redis, key_prefix: str, ttl_s: float, where: str, timeout_s: float = 1.0) -> None:
+        self.redis = redis
+        self.key_prefix = key_prefix
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.where = where
+        self.timeout_s = timeout_s
+
+    def key(self, owner: str, response_id: str) -> str:
+        return f"{self.key_prefix}{owner}:{response_id}"
+
+    async def _call(self, operation: str, call):
+        import redis
+
+        try:
+            return await asyncio.wait_for(call, self.timeout_s)
+        except (redis.RedisError, OSError, asyncio.TimeoutError) as exc:
+            STORE_ERRORS.labels(operation).inc()
+            log.warning("stored responses: %s at %s failed: %s", operation, self.where, exc)
+            raise unavailable(operation) from None
+
+    async def put(self, owner: str, response_id: str, record: dict) -> None:
+        text = json.dumps(record, ensure_ascii=False)
+        await self._call("write", self.redis.set(self.key(owner, response_id), text, px=self.ttl_ms))
+
+    async def get(self, owner: str, response_id: str) -> dict | None:
+        text = await self._call("read", self.redis.get(self.key(owner, response_id)))
+        return None if text is None else json.loads(text)
+
+    async def delete(self, owner: str, response_id: str) -> bool:
+        return bool(await self._call("delete", self.redis.delete(self.key(owner, response_id))))
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+def open_store(config):
+    """Redis when the gateway has --redis-url (its own client: a response store outlives lookups' timeouts), else
+    in process."""
+    if not config.redis_url:
+        log.info(
+            "stored responses: in process (no --redis-url): the latest %d, for %gs, lost at restart",
+            config.responses_max_stored, config.responses_ttl_s,
+        )  # fmt: skip
+        return MemoryStore(config.responses_ttl_s, config.responses_max_stored)
+    from muestra.gateway.prefix import open_redis
+    from muestra.runtime.logs import without_password
+
+    where = f"Redis at {without_password(config.redis_url)}"
+    timeout_s = max(1.0, config.redis_timeout_s)
+    client = open_redis(config.redis_url, timeout_s, config.redis_password)
+    log.info("stored responses: %s, keys %s*, for %gs", where, config.responses_key_prefix, config.responses_ttl_s)
+    return RedisStore(client, config.responses_key_prefix, config.responses_ttl_s, where, timeout_s)

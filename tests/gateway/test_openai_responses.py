@@ -270,6 +270,23 @@ def test_bad_input_is_one_error_naming_the_field(stack, fields, status, param):
     assert error["param"] == param and error["message"].startswith(param), error
 
 
+def test_a_redis_that_does_not_answer_is_a_503_and_store_false_still_works(stack, client, model):
+    kept = client.responses.create(model=model, input="Hello.", temperature=0, max_output_tokens=4)
+    stack.redis.pause()
+    try:
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.responses.retrieve(kept.id)
+        assert caught.value.status_code == 503 and caught.value.body["code"] == "store_unavailable"
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.responses.create(model=model, input="Again.", previous_response_id=kept.id, max_output_tokens=4)
+        assert caught.value.status_code == 503
+        unstored = client.responses.create(model=model, input="Hi.", store=False, max_output_tokens=4)
+        assert unstored.status in ("completed", "incomplete") and unstored.output
+    finally:
+        stack.redis.resume()
+    assert client.responses.retrieve(kept.id).id == kept.id
+
+
 def test_stored_responses_survive_a_gateway_restart_and_expire_with_their_ttl(stack, client, model):
     kept = client.responses.create(model=model, input="Remember the number seven.", temperature=0)
     command = list(stack.gateway.command)

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from muestra.gateway.openai.response_bodies import ResponsesRequest, TextOptions
 from muestra.gateway.openai.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -40,11 +41,13 @@ BASES = {
         "model": TEXT_MODEL, "messages": [{"role": "user", "content": "Hola"}], "max_tokens": 6, "seed": 1,
     },
     "/v1/images/generations": {"model": "muestra-image", "prompt": "a seven", "n": 1, "steps": 2, "seed": 1},
+    "/v1/responses": {"model": TEXT_MODEL, "input": "Hola", "max_output_tokens": 6, "seed": 1},
 }  # fmt: skip
 SCHEMAS = {
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/images/generations": ImageGenerationRequest,
+    "/v1/responses": ResponsesRequest,
 }
 NESTED = {
     "messages": ChatMessage,
@@ -52,7 +55,9 @@ NESTED = {
     "response_format": ResponseFormat,
     "samplers": SamplerStep,
     "stream_options": StreamOptions,
+    "text": TextOptions,
 }
+WEATHER = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}
 # Raw JSON for what Python's json module does not write from a value.
 RAW = ["1" + "0" * 400, "-" + "9" * 5000, "1e400", "-1e400", "NaN", "Infinity", '"\\ud800"', '"\\udfff x"',
        "[" + ",".join(["0"] * 100_000) + "]", '"' + "a" * 2_000_000 + '"', "{" * 2000 + "}" * 2000,
@@ -74,6 +79,17 @@ PLAUSIBLE = {
     "response_format": [{"type": "json_object"}, {"type": "text"}], "user": ["u"], "best_of": [1, 2],
     "size": ["16x16", "8x8", "4096x4096", "x"], "steps": [1, 2], "guidance_scale": [0, 7.5],
     "negative_prompt": ["blurry"], "sampler": ["euler", "ddim"], "include_stop_str_in_output": [True],
+    "input": ["", "hi", [{"role": "user", "content": "hi"}], [{"type": "function_call_output", "call_id": "c",
+              "output": "1"}], [{"role": "assistant", "content": [{"type": "output_text", "text": "x"}]}],
+              [{"type": "item_reference", "id": "msg_x"}], [{"type": "reasoning"}], [{}] * 5000],
+    "instructions": ["Be brief.", ""], "max_output_tokens": [1, 4, 12], "store": [True, False],
+    "previous_response_id": ["resp_none", "", "x" * 200], "tools": [[WEATHER], [{"type": "web_search"}], [{}]],
+    "tool_choice": ["auto", "required", "none", {"type": "function", "name": "f"}, {"type": "mcp"}],
+    "text": [{"format": {"type": "json_object"}}, {"format": {"type": "json_schema", "name": "x", "schema": {}}},
+             {"format": {"type": "json_schema"}}, {"verbosity": "high"}],
+    "parallel_tool_calls": [True, False], "metadata": [{"k": "v"}, {str(i): "v" for i in range(20)}],
+    "truncation": ["disabled", "auto"], "include": [[], ["message.output_text.logprobs"]],
+    "reasoning": [{"effort": None}, {"effort": "low"}],
 }  # fmt: skip
 
 
@@ -151,15 +167,20 @@ def bodies(draw, path: str):
 
 
 def check_stream(reply: httpx.Response) -> str:
-    """How a 200 stream ended: 'ok' ([DONE], no server error), or what was wrong with it."""
+    """How a 200 stream ended: 'ok' ([DONE], or the Responses API's last event; no server error), or what was
+    wrong with it."""
     done = False
     for line in reply.iter_lines():
         if line == "data: [DONE]":
             done = True
         elif line.startswith("data: "):
             event = json.loads(line[6:])
+            if event.get("type") in ("response.completed", "response.incomplete"):
+                done = True
+            elif event.get("type") in ("error", "response.failed"):
+                return f"server error in the stream: {event}"
             error = event.get("error")
-            if error is not None and error.get("type") != "invalid_request_error":
+            if isinstance(error, dict) and error.get("type") != "invalid_request_error":
                 return f"server error in the stream: {error}"
     return "ok" if done else "no [DONE]"
 

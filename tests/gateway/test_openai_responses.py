@@ -311,3 +311,21 @@ def test_stored_responses_survive_a_gateway_restart_and_expire_with_their_ttl(st
         stack.gateway.terminate()
         stack.gateway.command = command
         stack.gateway.start()
+
+
+def test_stored_responses_go_to_their_own_redis_when_given_one(stack, client, model, redis_server):
+    own = redis.Redis.from_url(redis_server.url)
+    command = list(stack.gateway.command)
+    stack.gateway.terminate()
+    stack.gateway.command = [*command, "--responses-redis-url", redis_server.url, "--responses-key-prefix", "own:"]
+    try:
+        stack.gateway.start()
+        kept = client.responses.create(model=model, input="Keep this.", temperature=0, max_output_tokens=4)
+        assert [k.decode() for k in own.scan_iter(match="own:*") if k.decode().endswith(kept.id)]
+        shared = redis.Redis.from_url(stack.redis_url, password=stack.redis_password)
+        assert not [k for k in shared.scan_iter(match="*") if k.decode().endswith(kept.id)]
+        assert client.responses.retrieve(kept.id).id == kept.id
+    finally:
+        stack.gateway.terminate()
+        stack.gateway.command = command
+        stack.gateway.start()

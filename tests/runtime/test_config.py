@@ -60,3 +60,23 @@ def test_a_missing_secret_file_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         load_config(SecretConfig, "example", [], env={"MUESTRA_API_KEYS_FILE": str(tmp_path / "nope")})
     assert "MUESTRA_API_KEYS_FILE: cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, env, shown",
+    [
+        (["--redis-url", "http://cache:6379"], {}, "http://cache:6379"),
+        ([], {"MUESTRA_REDIS_URL": "cache:6379"}, "cache:6379"),
+        (["--redis-url", "ftp://user:hunter2@cache:1"], {}, "cache:1"),
+    ],
+)
+def test_a_redis_url_of_another_scheme_is_one_line_naming_the_flag_never_the_password(argv, env, shown, capsys):
+    from muestra.gateway.config import GatewayConfig
+
+    with pytest.raises(SystemExit):
+        load_config(GatewayConfig, "gateway", argv, env=env)
+    err = capsys.readouterr().err
+    assert f"--redis-url: must be a redis://, rediss:// or unix:// URL, got '{shown}'" in err
+    assert "hunter2" not in err and "Traceback" not in err
+    for good in ("redis://127.0.0.1:6379/0", "rediss://:pw@cache:6380", "unix:///run/redis.sock"):
+        assert load_config(GatewayConfig, "gateway", ["--responses-redis-url", good], env={}).responses_redis_url

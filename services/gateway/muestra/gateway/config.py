@@ -96,6 +96,13 @@ class GatewayConfig(ServiceConfig, RedisConfig):
         10000, "stored responses kept in process when there is no --redis-url (the oldest go first)"
     )
     responses_key_prefix: str = _f("muestra:resp:", "prefix of the stored responses' Redis keys")
+    responses_redis_url: str = _f(
+        "",
+        "Redis for stored responses, when not --redis-url's (a cache with allkeys-lru may evict them before their TTL "
+        "under the KV blocks' pressure: point this at a Redis with persistence and noeviction to keep them); its "
+        "password goes in the URL (redis://:PASSWORD@host:port/db; MUESTRA_GATEWAY_RESPONSES_REDIS_URL keeps it off "
+        "the command line)",
+    )
     http_port: int = _f(8000, "OpenAI-compatible HTTP API port (0: pick a free one, -1: off)")
     http_host: str = _f("", "address the HTTP API binds (empty: the same as --host)")
     http_max_body_bytes: int = _f(8 * 1024 * 1024, "largest HTTP request body, in bytes (413 beyond it)")

@@ -70,6 +70,9 @@ class RedisConfig:
     )
 
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
 def _read_secret(path: str, name: str, parser: argparse.ArgumentParser) -> str:
     try:
         return Path(path).read_text().strip()
@@ -144,4 +147,9 @@ def load_config(cls: type[C], service: str, argv: list[str] | None = None, env: 
                 except ValueError as exc:
                     parser.error(f"{name}: {exc}")
                 break
+    for name, value in values.items():
+        if name.endswith("redis_url") and value and not str(value).startswith(REDIS_SCHEMES):
+            flag = "--" + name.replace("_", "-")
+            shown = str(value).split("@")[-1][:80]  # never a password
+            parser.error(f"{flag}: must be a redis://, rediss:// or unix:// URL, got {shown!r}")
     return cls(**values)

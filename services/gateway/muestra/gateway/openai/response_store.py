@@ -111,9 +111,10 @@ class RedisStore:
 
 
 def open_store(config):
-    """Redis when the gateway has --redis-url (its own client: a response store outlives lookups' timeouts), else
-    in process."""
-    if not config.redis_url:
+    """Redis when the gateway has --responses-redis-url or --redis-url (a client of its own, with a longer timeout
+    than the prefix lookups'), else in process."""
+    url = config.responses_redis_url or config.redis_url
+    if not url:
         log.info(
             "stored responses: in process (no --redis-url): the latest %d, for %gs, lost at restart",
             config.responses_max_stored, config.responses_ttl_s,
@@ -122,8 +123,9 @@ def open_store(config):
     from muestra.gateway.prefix import open_redis
     from muestra.runtime.logs import without_password
 
-    where = f"Redis at {without_password(config.redis_url)}"
+    where = f"Redis at {without_password(url)}"
     timeout_s = max(1.0, config.redis_timeout_s)
-    client = open_redis(config.redis_url, timeout_s, config.redis_password)
+    # --redis-password is --redis-url's; a Redis of their own has its password in its URL.
+    client = open_redis(url, timeout_s, "" if config.responses_redis_url else config.redis_password)
     log.info("stored responses: %s, keys %s*, for %gs", where, config.responses_key_prefix, config.responses_ttl_s)
     return RedisStore(client, config.responses_key_prefix, config.responses_ttl_s, where, timeout_s)

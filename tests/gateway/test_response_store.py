@@ -38,6 +38,22 @@ def test_the_memory_store_keeps_each_owners_records_for_the_ttl_and_the_latest_o
     asyncio.run(scenario())
 
 
+def test_the_memory_store_drops_the_oldest_past_its_bytes():
+    async def scenario():
+        store = MemoryStore(ttl_s=60, max_records=100, max_bytes=1000)
+        for i in range(5):
+            await store.put("-", f"resp_{i}", {"text": "x" * 300})
+        kept = [i for i in range(5) if await store.get("-", f"resp_{i}") is not None]
+        assert kept == [2, 3, 4] and store.nbytes <= 1000
+        await store.put("-", "resp_4", {"text": "y"})  # a record written again counts once
+        assert await store.get("-", "resp_4") == {"text": "y"}
+        assert store.nbytes == sum(len(text) for _, text in store.records.values())
+        await store.put("-", "resp_big", {"text": "z" * 5000})  # larger than the whole bound: not kept
+        assert await store.get("-", "resp_big") is None and store.nbytes <= 1000
+
+    asyncio.run(scenario())
+
+
 def test_function_calls_join_the_assistant_message_before_them_and_outputs_are_tool_messages():
     conversation = [
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},

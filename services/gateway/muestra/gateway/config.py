@@ -95,6 +95,9 @@ class GatewayConfig(ServiceConfig, RedisConfig):
     responses_max_stored: int = _f(
         10000, "stored responses kept in process when there is no --redis-url (the oldest go first)"
     )
+    responses_max_stored_mib: int = _f(
+        256, "most memory the stored responses take in process when there is no --redis-url (the oldest go first)"
+    )
     responses_key_prefix: str = _f("muestra:resp:", "prefix of the stored responses' Redis keys")
     responses_redis_url: str = _f(
         "",

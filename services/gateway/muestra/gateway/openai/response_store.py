@@ -40,20 +40,31 @@ def unavailable(operation: str) -> OpenAIError:
 
 
 class MemoryStore:
-    """In process: the most recent `max_records`, each for `ttl_s` seconds. Lost when the gateway stops."""
+    """In process: the most recent records, at most `max_records` of them and `max_bytes` of JSON together, each
+    for `ttl_s` seconds. Lost when the gateway stops."""
 
     where = "in process"
 
-    def __init__(self, ttl_s: float, max_records: int) -> None:
+    def __init__(self, ttl_s: float, max_records: int, max_bytes: int = 256 * 1024 * 1024) -> None:
         self.ttl_s = ttl_s
         self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.nbytes = 0
         self.records: collections.OrderedDict[tuple[str, str], tuple[float, str]] = collections.OrderedDict()
 
+    def _drop(self, key: tuple[str, str]) -> None:
+        _, text = self.records.pop(key)
+        self.nbytes -= len(text)
+
     async def put(self, owner: str, response_id: str, record: dict) -> None:
-        self.records[owner, response_id] = (time.monotonic() + self.ttl_s, json.dumps(record, ensure_ascii=False))
-        self.records.move_to_end((owner, response_id))
-        while len(self.records) > self.max_records:
-            self.records.popitem(last=False)
+        key = (owner, response_id)
+        if key in self.records:
+            self._drop(key)
+        text = json.dumps(record, ensure_ascii=False)
+        self.records[key] = (time.monotonic() + self.ttl_s, text)
+        self.nbytes += len(text)
+        while self.records and (len(self.records) > self.max_records or self.nbytes > self.max_bytes):
+            self._drop(next(iter(self.records)))
 
     async def get(self, owner: str, response_id: str) -> dict | None:
         found = self.records.get((owner, response_id))
@@ -61,15 +72,19 @@ class MemoryStore:
             return None
         expires, text = found
         if time.monotonic() >= expires:
-            del self.records[owner, response_id]
+            self._drop((owner, response_id))
             return None
         return json.loads(text)
 
     async def delete(self, owner: str, response_id: str) -> bool:
-        return await self.get(owner, response_id) is not None and self.records.pop((owner, response_id)) is not None
+        if await self.get(owner, response_id) is None:
+            return False
+        self._drop((owner, response_id))
+        return True
 
     async def close(self) -> None:
         self.records.clear()
+        self.nbytes = 0
 
 
 class RedisStore:
@@ -116,10 +131,10 @@ def open_store(config):
     url = config.responses_redis_url or config.redis_url
     if not url:
         log.info(
-            "stored responses: in process (no --redis-url): the latest %d, for %gs, lost at restart",
-            config.responses_max_stored, config.responses_ttl_s,
+            "stored responses: in process (no --redis-url): the latest %d (at most %d MiB), for %gs, lost at restart",
+            config.responses_max_stored, config.responses_max_stored_mib, config.responses_ttl_s,
         )  # fmt: skip
-        return MemoryStore(config.responses_ttl_s, config.responses_max_stored)
+        return MemoryStore(config.responses_ttl_s, config.responses_max_stored, config.responses_max_stored_mib << 20)
     from muestra.gateway.prefix import open_redis
     from muestra.runtime.logs import without_password
 

@@ -10,9 +10,10 @@ Faults, one after another, with --settle seconds of plain traffic around each:
                    start with what the failed stream had shown.
 - tokenizer_stop:  SIGSTOP the tokenizer for 20 s (--pause-s), then SIGCONT. Text stalls and resumes
                    (the gateway's tokenizer deadline is longer); images keep being served.
-- redis_kill:      SIGKILL redis-server, restart it after 5 s. Nothing may fail (the cache misses).
+- redis_kill:      SIGKILL redis-server, restart it after 5 s. Nothing may fail (the cache misses) but stored
+                   conversations (/v1/responses): 503 while Redis is down, 404 for one stored before it.
 - redis_full:      Redis's maxmemory set just above what it uses, with noeviction, and filled until it
-                   refuses writes, for 10 s. Nothing may fail.
+                   refuses writes, for 10 s. Nothing may fail but storing a response (503).
 - redis_corrupt:   every cached KV block has bytes flipped. Nothing may fail; texts stay right.
 - gateway_term:    SIGTERM the gateway: it drains (every stream in flight then finishes), exits 0, and is
                    started again. Requests sent while it is down fail to connect.
@@ -208,6 +209,14 @@ def _overlaps(outcome: Outcome, fault: Fault) -> bool:
 
 def _explained(outcome: Outcome, fault: Fault, stack: LocalStack) -> bool:
     """Whether a failed request is what this fault should cause."""
+    if outcome.kind == "http_responses" and fault.name in ("redis_kill", "redis_full"):
+        # Stored responses live in the stack's Redis (a cache without persistence): while it is down or full a
+        # store or read is a 503, and a conversation stored before a Redis restart is gone (404).
+        lost = outcome.code == "HTTP 404 not_found" and fault.name == "redis_kill" and outcome.started <= fault.end
+        return outcome.code in ("HTTP 503 store_unavailable", "store_unavailable") or lost  # whole, or a stream's
+    if outcome.kind == "http_responses" and fault.name == "gateway_term":
+        # A conversation's later turn (its last one is the one that failed) sent while the gateway was down.
+        return fault.start <= outcome.ended <= fault.end + RECONNECT_S
     if fault.name == "lm_kill":
         # The gateway fails only the requests that had streamed there (it moves the others), naming the replica.
         return stack.lm[0].address in outcome.error

@@ -2,7 +2,8 @@
 
 Each worker loops until the run's end: it draws a request (gRPC or HTTP, streamed or not, n 1-4,
 samplers, beam search, logprobs, stop strings, prompts that share cached prefixes, a cancellation
-mid-stream, an image, or a replay of an earlier seeded request on another surface), sends it, and
+mid-stream, an image, a stored conversation of 2-3 turns through /v1/responses, or a replay of an earlier
+seeded request on another surface), sends it, and
 records what came back with its timings. A stream that makes no progress for `hang_s` is hung. A reply that
 comes whole (non-streamed HTTP, and a gRPC beam search, whose beams come when the search ends) may take
 2 x hang_s: its silence holds its time in the queue and its whole decode.
@@ -55,6 +56,7 @@ TAILS = [
     "Raises ValueError if",
 ]
 CHAT_QUESTIONS = ["What does os.path.join do?", "Explain the argument", "How do I open a file?", "Return the value"]
+FOLLOW_UPS = ["Go on.", "Give an example.", "Why?", "Say it shorter."]
 SAMPLER_CHAINS = [
     [{"name": "greedy"}],
     [{"name": "temperature", "params": {"temperature": 0.9}}, {"name": "sample"}],
@@ -304,6 +306,8 @@ class Workload:
                 return outcome
         if kind.startswith("image"):
             return await self._image(kind, rng)
+        if kind == "http_responses":
+            return await self._conversation(rng)
         spec = self._spec(kind, rng)
         outcome = await self._text(kind, spec, rng)
         if outcome.status == "ok" and kind not in ("grpc_cancel", "http_cancel"):
@@ -483,6 +487,94 @@ class Workload:
         outcome.cached_tokens = (data["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         outcome.first_at = time.monotonic()
 
+    async def _conversation(self, rng: random.Random) -> Outcome:
+        """A stored conversation of 2-3 turns through /v1/responses, each later turn continued with
+        previous_response_id, each whole or streamed; the last response read back must be what came."""
+        outcome = Outcome("http_responses", surface="responses", started=time.monotonic())
+        previous = None
+        try:
+            for turn in range(rng.randint(2, 3)):
+                body = {
+                    "input": rng.choice(CHAT_QUESTIONS if turn == 0 else FOLLOW_UPS),
+                    "max_output_tokens": rng.randint(1, 32), "temperature": rng.choice([0, 0.8]), "seed": self._seed(),
+                }  # fmt: skip
+                if previous is not None:
+                    body["previous_response_id"] = previous["id"]
+                stream = rng.random() < 0.5
+                response = await (self._response_stream if stream else self._response_whole)(body, outcome)
+                if response is None:
+                    outcome.ended = time.monotonic()
+                    return outcome
+                if response["status"] not in ("completed", "incomplete"):
+                    outcome.problems.append(f"turn {turn + 1}: status {response['status']!r}")
+                if previous is not None and response["usage"]["input_tokens"] <= previous["usage"]["input_tokens"]:
+                    outcome.problems.append(f"turn {turn + 1}: its input is not longer than the turn before's")
+                outcome.cached_tokens = response["usage"]["input_tokens_details"]["cached_tokens"]
+                previous = response
+            stored = await self.http.get(f"/responses/{previous['id']}", timeout=self.hang_s)
+            if stored.status_code != 200:
+                await self._http_failure(stored, outcome)
+            elif stored.json()["output"] != previous["output"]:
+                outcome.problems.append("the stored response is not the one that came")
+        except httpx.TimeoutException as exc:
+            outcome.status, outcome.error = "hung", f"no progress for {self.hang_s:.0f} s ({type(exc).__name__})"
+        except asyncio.TimeoutError:
+            outcome.status, outcome.error = "hung", f"no event for {self.hang_s:.0f} s"
+        except httpx.HTTPError as exc:
+            outcome.status, outcome.code, outcome.error = "failed", "HTTP", f"{type(exc).__name__}: {exc}"
+        outcome.ended = time.monotonic()
+        if previous is not None:
+            outcome.texts[0] = "".join(
+                part["text"] for item in previous["output"] if item["type"] == "message" for part in item["content"]
+            )
+            outcome.finish[0] = previous["status"]
+        return outcome
+
+    async def _response_whole(self, body: dict, outcome: Outcome) -> dict | None:
+        reply = await self.http.post("/responses", json=body, timeout=self.hang_s * 2)
+        if reply.status_code != 200:
+            await self._http_failure(reply, outcome)
+            return None
+        return reply.json()
+
+    async def _response_stream(self, body: dict, outcome: Outcome) -> dict | None:
+        """The events in order (sequence numbers from 0), text deltas adding up to the final response's text."""
+        final, numbers, text = None, [], ""
+        timeout = httpx.Timeout(600, read=self.hang_s)
+        async with self.http.stream("POST", "/responses", json={**body, "stream": True}, timeout=timeout) as reply:
+            if reply.status_code != 200:
+                await self._http_failure(reply, outcome)
+                return None
+            lines = reply.aiter_lines()
+            while True:
+                try:
+                    line = await asyncio.wait_for(anext(lines), self.hang_s)
+                except StopAsyncIteration:
+                    break
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                numbers.append(event["sequence_number"])
+                if event["type"] == "response.output_text.delta":
+                    text += event["delta"]
+                elif event["type"] == "error":
+                    outcome.status, outcome.code, outcome.error = "failed", str(event["code"]), event["message"]
+                elif event["type"] in ("response.completed", "response.incomplete", "response.failed"):
+                    final = event["response"]
+        if outcome.status != "ok":
+            return None
+        if final is None:
+            outcome.status, outcome.error = "lost", "the stream ended without its last response event"
+            return None
+        if numbers != list(range(len(numbers))):
+            outcome.problems.append(f"sequence numbers {numbers[:20]} are not 0, 1, 2, ...")
+        shown = "".join(
+            part["text"] for item in final["output"] if item["type"] == "message" for part in item["content"]
+        )
+        if shown != text:
+            outcome.problems.append(f"deltas {text!r:.80} are not the response's text {shown!r:.80}")
+        return final
+
     async def _http_failure(self, reply, outcome: Outcome) -> None:
         raw = await reply.aread()
         try:
@@ -608,6 +700,7 @@ DEFAULT_KINDS = {
     "http_stream": 15,
     "http": 10,
     "http_cancel": 4,
+    "http_responses": 4,
     "replay": 20,
     "image_grpc": 3,
     "image_http": 2,

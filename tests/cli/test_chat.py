@@ -180,3 +180,21 @@ def test_fit_history_drops_whole_exchanges_from_the_oldest_and_never_the_system_
     assert fit_history(conversation, 1, count).dropped == 0
     too_long = fit_history([conversation[0], {"role": "user", "content": "x" * 40}], 10, count)
     assert too_long.messages is None and too_long.prompt_tokens == 43
+
+
+def test_an_unknown_command_is_refused_with_the_list_and_never_sent(openai_stack):
+    env = {**os.environ, "MUESTRA_API_KEY": openai_stack.api_key, "TERM": "dumb"}
+    argv = [*MUESTRA, "chat", "--gateway", openai_stack.gateway.address, "--temperature", "0", "--max-tokens", "8"]
+    term = Terminal(argv, env)
+    term.read_until("> ")
+    refused = answer_to(term, "/nonsense")
+    assert "muestra chat: unknown command /nonsense" in refused, refused
+    assert all(command in refused for command in ("/reset", "/help", "/exit", "/quit", "//")), refused
+    # Nothing went into the history: the next answer is the one a fresh conversation gets.
+    assert answer_to(term, "Hola") == greedy_answer(openai_stack, [("user", "Hola")], 8)
+    # `//` sends a message that starts with one slash.
+    history = [("user", "Hola"), ("assistant", greedy_answer(openai_stack, [("user", "Hola")], 8))]
+    assert answer_to(term, "//nonsense") == greedy_answer(openai_stack, [*history, ("user", "/nonsense")], 8)
+    term.send("/exit\n")
+    assert term.wait() == 0
+    assert "Traceback" not in term.seen

@@ -2,6 +2,8 @@
 
 Each answer streams as it is generated. Ctrl-C stops the current answer (the request is cancelled;
 the chat goes on, and the part already shown stays in the history); Ctrl-D or /exit ends the chat.
+A line that starts with one / is a command: an unknown one is refused with the list, never sent to the
+model; `//text` sends `/text`.
 
 Before each turn the history is fitted into the model's context: while the prompt (counted by the
 gateway's Tokenize on the chat-templated messages) plus --max-tokens exceeds the context length the
@@ -21,7 +23,11 @@ from muestra.cli.generate import add_sampling_arguments, sampling_kwargs
 from muestra.client import Client, MuestraError
 
 EXIT_COMMANDS = ("/exit", "/quit")
-COMMANDS_HELP = "/reset starts over (keeping --system), /exit or Ctrl-D ends, Ctrl-C stops an answer"
+COMMANDS = ("/reset", "/help", *EXIT_COMMANDS)
+COMMANDS_HELP = (
+    "/reset starts over (keeping --system), /exit or Ctrl-D ends, Ctrl-C stops an answer, "
+    "// sends a message that starts with /"
+)
 
 
 def add_parser(sub) -> None:
@@ -145,6 +151,17 @@ def run(args) -> int:
                 _note("(the conversation starts over" + (", with the system message)" if system else ")"))
                 continue
             if not command:
+                continue
+            if command.startswith("//"):
+                line = command[1:]
+            elif command.startswith("/"):
+                first = command.split()[0]
+                why = f"{first} takes nothing after it" if first in COMMANDS else f"unknown command {first}"
+                print(
+                    f"muestra chat: {why}; the commands are {', '.join(COMMANDS)} (// sends a message that starts "
+                    "with /)",
+                    file=sys.stderr,
+                )
                 continue
             try:
                 try:

@@ -36,7 +36,8 @@ def test_an_unreachable_gateway_is_one_line(command, tmp_path):
 def test_image_checks_the_output_folder_before_generating(tmp_path):
     # The gateway address is unreachable: had the command asked it first, the error would be UNAVAILABLE.
     missing = tmp_path / "no-such-folder" / "out.png"
-    line = assert_fails_in_one_line(muestra("image", "un siete", "-o", str(missing), "--gateway", "127.0.0.1:9"))
+    result = muestra("image", "un siete", "-o", str(missing), "--gateway", "127.0.0.1:9")
+    line = assert_fails_in_one_line(result, exit_code=2)
     assert str(missing.parent) in line and "does not exist" in line
 
 
@@ -138,6 +139,6 @@ def test_up_refuses_a_transformers_folder_and_names_export_lm(tiny_lm, tmp_path)
         "up", "--base-port", "0", "--text-model", str(hf_dir), "--only", "tokenizer,lm,gateway",
         "--log-dir", str(tmp_path / "logs"), timeout=60,
     )  # fmt: skip
-    line = assert_fails_in_one_line(result)
+    line = assert_fails_in_one_line(result, exit_code=2)
     assert f"muestra export-lm {hf_dir} " in line
     assert "healthy" not in result.stdout and "serving on" not in result.stdout

@@ -205,7 +205,7 @@ def test_up_without_the_default_text_model_names_the_command_that_builds_it(tmp_
     assert result.stdout == "" and not (tmp_path / "logs").exists()  # nothing was started, not even its logs
     # A stack that serves no text needs no text model: the image model it names is what is missing.
     result = muestra(*up, "--only", "diffusion", "--image-model", str(models / "absent"), timeout=60)
-    assert "make default-model" not in assert_fails_in_one_line(result)
+    assert "make default-model" not in assert_fails_in_one_line(result, exit_code=2)
 
 
 @pytest.mark.parametrize("command", [["plugins", "--local"], ["--help"]])

@@ -60,14 +60,14 @@ def _bar(progress) -> None:
 
 
 def _check_output(output: Path) -> None:
-    """Fail before generating, not after, when the PNGs cannot be written where -o says."""
+    """Fail before generating, not after, when the PNGs cannot be written where -o says (a usage error: exit 2)."""
     folder = output.parent
     if output.is_dir():
-        raise CliError(f"-o {output}: is a folder; give a file name such as {output / 'muestra.png'}")
+        raise CliError(f"-o {output}: is a folder; give a file name such as {output / 'muestra.png'}", 2)
     if not folder.is_dir():
-        raise CliError(f"-o {output}: the folder {folder} does not exist")
+        raise CliError(f"-o {output}: the folder {folder} does not exist", 2)
     if not os.access(folder, os.W_OK):
-        raise CliError(f"-o {output}: the folder {folder} is not writable")
+        raise CliError(f"-o {output}: the folder {folder} is not writable", 2)
 
 
 def _is_image(data: bytes) -> bool:

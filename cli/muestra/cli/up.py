@@ -286,7 +286,7 @@ def plan(args, env: dict) -> tuple[list[Child], list[str]]:
     only = {name.strip() for name in args.only.split(",") if name.strip()}
     unknown = only - set(START_ORDER)
     if unknown:
-        raise CliError(f"--only: unknown service {sorted(unknown)[0]!r}; the services are {', '.join(START_ORDER)}")
+        raise CliError(f"--only: unknown service {sorted(unknown)[0]!r}; the services are {', '.join(START_ORDER)}", 2)
     log_dir = Path(args.log_dir)
 
     def port(service: str) -> int:
@@ -315,7 +315,7 @@ def plan(args, env: dict) -> tuple[list[Child], list[str]]:
             continue
         if not has_model:
             if told.get(flag) or name in only:
-                raise CliError(_unservable(flag, folder, needs))
+                raise CliError(_unservable(flag, folder, needs), 2)
             skipped.append(f"{name}: no model at {folder}")
             continue
         ports = {}

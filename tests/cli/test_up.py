@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from muestra.cli.endpoints import HTTP_PORT, HTTP_PORT_OFFSET
 from tests.cli.conftest import MUESTRA, TEXT_FIXTURE, assert_fails_in_one_line, muestra
 from tests.harness import free_port
 
@@ -252,3 +254,67 @@ def test_each_stack_has_its_own_state_file_and_the_newest_is_the_default(tmp_pat
             finish(proc)
     assert list(state_dir.glob("*.json")) == []
     assert "no `muestra up` is running" in muestra("up", "--list", timeout=60).stdout
+
+
+def stack_ports(base: int) -> list[int]:
+    """The ports `muestra up --base-port base` opens: services, their metrics, the HTTP API (as --help says)."""
+    return [*range(base, base + 4), *range(base + 10, base + 14), base + HTTP_PORT_OFFSET]
+
+
+def free_now(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port() -> int:
+    """A base port whose every port is free (none of them 8000)."""
+    candidates = range(free_port() % 20000 + 30000, 60000, 50)
+    return next(base for base in candidates if all(map(free_now, stack_ports(base))))
+
+
+def hold(port: int) -> socket.socket:
+    """A listening socket on port (already taken by someone else: fine, it is taken either way)."""
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+    except OSError:
+        pass
+    return holder
+
+
+def test_base_port_moves_the_http_api_too(tmp_path):
+    base = free_base_port()
+    with hold(HTTP_PORT):
+        proc, services, lines = start_up(tmp_path, "--only", "tokenizer,lm,gateway", "--base-port", str(base))
+        try:
+            assert services["gateway"][0] == f"127.0.0.1:{base}", "\n".join(lines)
+            assert services["http"][0] == f"http://127.0.0.1:{base + HTTP_PORT_OFFSET}/v1", "\n".join(lines)
+            with urllib.request.urlopen(services["http"][0] + "/models", timeout=10) as reply:
+                assert reply.status == 200 and json.loads(reply.read())["data"]
+        finally:
+            proc.send_signal(signal.SIGINT)
+            finish(proc)
+    assert proc.returncode == 0
+
+
+def test_a_taken_port_names_a_base_port_whose_ports_are_all_free(tmp_path):
+    base = free_base_port()
+    up = ["up", "--only", "tokenizer,lm,gateway", "--text-model", str(TEXT_FIXTURE), "--log-dir", str(tmp_path)]
+    with hold(base + HTTP_PORT_OFFSET):
+        line = assert_fails_in_one_line(muestra(*up, "--base-port", str(base), timeout=60))
+        assert f"port {base + HTTP_PORT_OFFSET} (gateway HTTP API)" in line and "is taken" in line, line
+        other = int(re.search(r"rerun with --base-port (\d+) ", line).group(1))
+        assert other != base
+        assert all(map(free_now, stack_ports(other))), line
+        # An HTTP port given with --http-port does not move with --base-port: another --http-port is the way out.
+        line = assert_fails_in_one_line(
+            muestra(*up, "--base-port", str(base), "--http-port", str(base + HTTP_PORT_OFFSET), timeout=60)
+        )
+        assert "--base-port" not in line, line
+        suggested = int(re.search(r"rerun with --http-port (\d+) ", line).group(1))
+        assert suggested != base + HTTP_PORT_OFFSET and free_now(suggested), line

@@ -18,8 +18,9 @@ __all__ = ["api_key", "default_address", "gateway_address", "running_stack"]
 SERVICE_PORT_OFFSETS = {"gateway": 0, "tokenizer": 1, "lm": 2, "diffusion": 3}
 # Each service's Prometheus /metrics port is the base port + this + its offset (unless configured).
 METRICS_PORT_OFFSET = 10
-# The gateway's OpenAI-compatible HTTP API.
+# The gateway's OpenAI-compatible HTTP API: this port at the default base port, else the base port + the offset.
 HTTP_PORT = 8000
+HTTP_PORT_OFFSET = 20
 DEFAULT_BASE_PORT = 50051
 
 

@@ -10,6 +10,9 @@ port (see muestra.cli.stacks), so that the other commands find the newest stack 
 
 Each service exports Prometheus metrics on the base port + 10 + its offset (50061 for the gateway by
 default), unless MUESTRA_<SERVICE>_METRICS_PORT or MUESTRA_METRICS_PORT sets its port; the URLs are printed.
+The gateway's HTTP API is on 8000 at the default base port, else on the base port + 20, so that --base-port
+moves every port the stack opens; --http-port and --metrics-base-port, when given, win. A taken port is
+one line that names a flag value whose ports are free now.
 
 Secrets are made fresh for each run, unless the environment gives them: the internal token the
 services require from each other (MUESTRA_INTERNAL_TOKEN), the key of the cache blocks' MAC
@@ -20,6 +23,7 @@ Redis through its standard input, never a command line; the internal token is al
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import errno
 import importlib.util
@@ -39,7 +43,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from muestra.cli.arguments import PORT_MAX, integer, number
-from muestra.cli.endpoints import DEFAULT_BASE_PORT, HTTP_PORT, METRICS_PORT_OFFSET, SERVICE_PORT_OFFSETS
+from muestra.cli.endpoints import (
+    DEFAULT_BASE_PORT,
+    HTTP_PORT,
+    HTTP_PORT_OFFSET,
+    METRICS_PORT_OFFSET,
+    SERVICE_PORT_OFFSETS,
+)
 from muestra.cli.errors import CliError
 from muestra.cli.stacks import describe, remove_stack, running_stacks, write_stack
 
@@ -57,8 +67,10 @@ def add_parser(sub) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address the services bind (default: loopback)")
     parser.add_argument("--list", action="store_true", help="list the running stacks (the newest is the default)")
     parser.add_argument(
-        "--base-port", type=integer(0, PORT_MAX - 3 - METRICS_PORT_OFFSET), default=DEFAULT_BASE_PORT,
-        help=f"gateway port; the others follow it (default {DEFAULT_BASE_PORT}; 0: free ports)",
+        "--base-port", type=integer(0, PORT_MAX - HTTP_PORT_OFFSET), default=DEFAULT_BASE_PORT,
+        help=f"gateway port; every other port follows it: the services +1 to +3, their metrics +{METRICS_PORT_OFFSET} "
+        f"to +{METRICS_PORT_OFFSET + 3}, the HTTP API +{HTTP_PORT_OFFSET} ({HTTP_PORT} at the default) "
+        f"(default {DEFAULT_BASE_PORT}; 0: free ports)",
     )  # fmt: skip
     parser.add_argument(
         "--models-dir", default=os.environ.get("MUESTRA_MODELS_DIR"), help="where the default models are"
@@ -72,11 +84,10 @@ def add_parser(sub) -> None:
         help="image model folder [MUESTRA_DIFFUSION_MODEL]",
     )
     parser.add_argument(
-        "--http-port",
-        type=integer(-1, PORT_MAX),
-        default=HTTP_PORT,
-        help=f"gateway's OpenAI-compatible HTTP port (default {HTTP_PORT}; -1: off)",
-    )
+        "--http-port", type=integer(-1, PORT_MAX), default=None,
+        help=f"gateway's OpenAI-compatible HTTP port (default: {HTTP_PORT} at the default base port, else the base "
+        f"port + {HTTP_PORT_OFFSET}; -1: off)",
+    )  # fmt: skip
     parser.add_argument(
         "--metrics-base-port", type=integer(-1, PORT_MAX - 3), default=None,
         help="the gateway's /metrics port; the others follow it (default: base port + 10; -1: no metrics)",
@@ -104,18 +115,88 @@ def default_models_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "models"
 
 
-def check_port_free(host: str, port: int, what: str) -> None:
-    """CliError when something listens on host:port (SO_REUSEADDR: a recent connection's TIME_WAIT is no owner)."""
+def http_port(base_port: int) -> int:
+    """The HTTP API's port when --http-port is not given: 8000 at the default base port (the URL the docs show)."""
+    return HTTP_PORT if base_port == DEFAULT_BASE_PORT else base_port + HTTP_PORT_OFFSET
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why host:port cannot be bound now, or None (SO_REUSEADDR: a recent connection's TIME_WAIT is no owner)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
-            why = "is taken" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
-            raise CliError(
-                f"port {port} ({what}) on {host} {why}; stop what holds it, or pick other ports with "
-                "--base-port N (0: free ports)" + (" or --http-port" if what == "gateway HTTP API" else "")
-            ) from None
+            return exc
+    return None
+
+
+def moving_flag(args, what: str) -> str:
+    """The flag that moves the port used for `what` (a Child.ports value)."""
+    if what == "gateway HTTP API" and args.http_port is not None:
+        return "--http-port"
+    if what.endswith(" metrics") and args.metrics_base_port is not None:
+        return "--metrics-base-port"
+    return "--base-port"
+
+
+def _free_base_port(args, env: dict) -> int | None:
+    """A --base-port, near the one given, whose every port that moves with it is free now."""
+    for step in (*range(100, 5001, 100), *range(-100, -5001, -100)):
+        candidate = args.base_port + step
+        if not 1024 <= candidate <= PORT_MAX - HTTP_PORT_OFFSET:
+            continue
+        try:
+            children, _ = plan(argparse.Namespace(**{**vars(args), "base_port": candidate}), env)
+        except CliError:  # its ports would collide with those --http-port or --metrics-base-port give
+            continue
+        ports = [n for c in children for n, what in c.ports.items() if moving_flag(args, what) == "--base-port"]
+        if all(bind_error(args.host, n) is None for n in ports):
+            return candidate
+    return None
+
+
+def _free_metrics_base_port(host: str) -> int | None:
+    """A --metrics-base-port whose four ports are free now."""
+    for _ in range(20):
+        first = free_port(host)
+        if first + 3 <= PORT_MAX and all(bind_error(host, n) is None for n in range(first, first + 4)):
+            return first
+    return None
+
+
+def _instead(args, env: dict, flag: str) -> str:
+    """The flag to rerun with so that the port `flag` placed is free: a value checked free now."""
+    if flag == "--http-port":
+        return f"rerun with --http-port {free_port(args.host)} (free now; -1: no HTTP API)"
+    if flag == "--metrics-base-port":
+        first = _free_metrics_base_port(args.host)
+        if first is None:
+            return "rerun with --metrics-base-port -1 (no metrics)"
+        return f"rerun with --metrics-base-port {first} (its ports are free now; -1: no metrics)"
+    base = _free_base_port(args, env)
+    if base is None:
+        return "rerun with --base-port 0 (free ports)"
+    http = f", the HTTP API on {http_port(base)}" if args.http_port is None else ""
+    return f"rerun with --base-port {base} (every port it moves is free now{http}; 0: free ports)"
+
+
+def check_ports_free(args, children: list[Child], env: dict) -> None:
+    """CliError for the first port the stack would bind that cannot be, with flags that would work instead."""
+    for child in children:
+        for port, what in child.ports.items():
+            exc = bind_error(args.host, port)
+            if exc is None:
+                continue
+            where = f"port {port} ({what}) on {args.host}"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise CliError(f"{where} cannot be bound ({exc.strerror}): is --host {args.host} this machine's?")
+            why = (
+                "is taken; stop what holds it, or"
+                if exc.errno == errno.EADDRINUSE
+                else f"cannot be bound ({exc.strerror}):"
+            )
+            raise CliError(f"{where} {why} {_instead(args, env, moving_flag(args, what))}")
 
 
 @dataclasses.dataclass
@@ -304,6 +385,13 @@ def plan(args, env: dict) -> tuple[list[Child], list[str]]:
     }  # fmt: skip
     told = {"--text-model": bool(args.text_model), "--image-model": bool(args.image_model)}
     children, skipped = [], []
+    claimed: dict[int, str] = {}  # every port of the stack, so that no two uses share one
+
+    def claim(ports: dict[int, str], port: int, what: str) -> None:
+        if port in claimed:
+            raise CliError(f"port {port} would be both the {claimed[port]} and the {what}; give other ports", 2)
+        claimed[port] = ports[port] = what
+
     for name in START_ORDER:
         extra, has_model, flag, folder, needs = service_args[name]
         if only and name not in only:
@@ -322,19 +410,22 @@ def plan(args, env: dict) -> tuple[list[Child], list[str]]:
         if name == "gateway":
             started = {c.name: c.address for c in children}
             extra = [f"--{svc}-addr={started[svc]}" for svc in ("tokenizer", "lm", "diffusion") if svc in started]
-            http_port = free_port(args.host) if args.base_port == 0 else args.http_port
-            extra += [f"--http-port={http_port}"]
-            if http_port > 0:
-                ports[http_port] = "gateway HTTP API"
+            if args.http_port is not None:
+                http = args.http_port
+            else:
+                http = free_port(args.host) if args.base_port == 0 else http_port(args.base_port)
+            extra += [f"--http-port={http}"]
+            if http > 0:
+                claim(ports, http, "gateway HTTP API")
         host, _, service_port = addresses[name].rpartition(":")
-        ports[int(service_port)] = name
+        claim(ports, int(service_port), name)
         command = [sys.executable, "-m", f"muestra.{name}", "--host", host, "--port", service_port, *extra]
         command += ["--grace-period-s", str(args.grace_period)]
         metrics_port = _metrics_port(args, name, env)
         if metrics_port is not None:
             command += ["--metrics-port", str(metrics_port)]
             if metrics_port > 0:
-                ports[metrics_port] = f"{name} metrics"
+                claim(ports, metrics_port, f"{name} metrics")
         children.append(Child(name, addresses[name], command, log_dir / f"{name}.log", ports=ports))
     return children, skipped
 
@@ -373,9 +464,7 @@ def run(args) -> int:
             return 1
         if [c.name for c in children] == ["gateway"] and not args.only:
             raise CliError("nothing for the gateway to serve: no text or image model was found; see --models-dir")
-        for child in children:
-            for number, what in child.ports.items():
-                check_port_free(args.host, number, what)
+        check_ports_free(args, children, env)
         for note in skipped:
             print(f"muestra up: skipping {note}", flush=True)
         _make_secrets(env, log_dir)

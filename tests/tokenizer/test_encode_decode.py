@@ -167,3 +167,45 @@ def test_empty_inputs_give_empty_outputs(tokenizer_stub):
     assert encode(tokenizer_stub, "bpe", []) == []
     assert list(encode(tokenizer_stub, "bpe", [""])[0].ids) == []
     assert decode(tokenizer_stub, "sentencepiece", [[]]) == [""]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "sentencepiece"])
+def test_raw_bytes_of_single_tokens_concatenate_to_the_texts_utf8(tokenizer_stub, kind):
+    """Byte-level BPE and SentencePiece with byte fallback round-trip any text: the tokens' own bytes, one token per
+    sequence, concatenate to the text's UTF-8 even where a token is only part of a character (its text reads U+FFFD
+    there)."""
+    for text in SAMPLE_TEXTS:
+        ids = list(encode(tokenizer_stub, kind, [text])[0].ids)
+        request = tokenizer_pb2.DecodeTokensRequest(
+            model=kind, sequences=[tokenizer_pb2.TokenIds(ids=[i]) for i in ids], raw_bytes=True
+        )
+        reply = tokenizer_stub.Decode(request)
+        assert len(reply.raw) == len(ids)
+        # SentencePiece's encoder adds a space at the start (its dummy prefix), which its text drops again; the
+        # bytes keep it, since they are each token's own (a token alone keeps its space).
+        expected = (" " + text if kind == "sentencepiece" else text).encode()
+        assert b"".join(reply.raw) == expected, (kind, text)
+        whole = tokenizer_stub.Decode(
+            tokenizer_pb2.DecodeTokensRequest(model=kind, sequences=[tokenizer_pb2.TokenIds(ids=ids)], raw_bytes=True)
+        )
+        assert whole.raw == [expected] and whole.texts == [text]
+    assert not tokenizer_stub.Decode(tokenizer_pb2.DecodeTokensRequest(model=kind, sequences=[])).raw
+
+
+def test_raw_bytes_equal_llguidance_on_the_default_and_fixture_tokenizers():
+    """Each token's bytes against llguidance's decode_bytes (a reference written elsewhere), whole vocabularies."""
+    from pathlib import Path
+
+    import llguidance
+
+    from muestra.tokenizer.hf_backend import TokenizersBackend
+
+    root = Path(__file__).resolve().parents[2] / "models"
+    for folder in (root / "tiny-text-fixture", root / "smollm2-135m-instruct"):
+        if not (folder / "tokenizer.json").is_file():
+            continue
+        ours = TokenizersBackend(folder / "tokenizer.json")
+        reference = llguidance.LLTokenizer((folder / "tokenizer.json").read_text())
+        differ = [i for i in range(ours.vocab_size) if ours.token_bytes(i) != reference.decode_bytes([i])]
+        # The fixture's token 190 is byte 0xFF alone (never valid UTF-8), which llguidance reads as nothing.
+        assert differ in ([], [190]), (folder.name, differ[:10])

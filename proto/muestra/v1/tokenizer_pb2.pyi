@@ -82,20 +82,24 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DecodeTokensRequest(_message.Message):
-    __slots__ = ("model", "sequences", "skip_special_tokens")
+    __slots__ = ("model", "sequences", "skip_special_tokens", "raw_bytes")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     model: str
     sequences: _containers.RepeatedCompositeFieldContainer[TokenIds]
     skip_special_tokens: bool
-    def __init__(self, model: _Optional[str] = ..., sequences: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., skip_special_tokens: _Optional[bool] = ...) -> None: ...
+    raw_bytes: bool
+    def __init__(self, model: _Optional[str] = ..., sequences: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., skip_special_tokens: _Optional[bool] = ..., raw_bytes: _Optional[bool] = ...) -> None: ...
 
 class DecodeTokensResponse(_message.Message):
-    __slots__ = ("texts",)
+    __slots__ = ("texts", "raw")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, texts: _Optional[_Iterable[str]] = ...) -> None: ...
+    raw: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., raw: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ApplyChatTemplateRequest(_message.Message):
     __slots__ = ("model", "messages", "add_generation_prompt", "tokenize", "tools_json")

@@ -55,3 +55,13 @@ class TokenizerBackend(abc.ABC):
     @abc.abstractmethod
     def decode_batch(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
         """Decode every id sequence; one string per sequence, in order."""
+
+    @abc.abstractmethod
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for on its own: a piece of a character stays a piece (no replacement
+        character), so the bytes of a text's tokens concatenate to the text's UTF-8."""
+
+    def decode_bytes(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[bytes]:
+        """Each id sequence as the concatenation of its tokens' bytes (special tokens left out when skipped)."""
+        skipped = set(self.special_token_ids) if skip_special_tokens else set()
+        return [b"".join(self.token_bytes(i) for i in ids if i not in skipped) for ids in sequences]

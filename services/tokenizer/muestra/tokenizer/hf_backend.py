@@ -2,12 +2,41 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from muestra.tokenizer.backend import SMALL_DECODE_IDS, EncodedText, TokenizerBackend, total_ids
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@functools.cache
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (tokenizers' ByteLevel), character -> byte: the printable bytes stand for
+    themselves, the other 68 for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+def _decoder_kinds(decoder: dict | None) -> set[str]:
+    """The types of a tokenizer.json decoder, a Sequence's parts included."""
+    if not decoder:
+        return set()
+    kinds = {decoder.get("type", "")}
+    for part in decoder.get("decoders") or ():
+        kinds |= _decoder_kinds(part)
+    return kinds
 
 
 class TokenizersBackend(TokenizerBackend):
@@ -26,6 +55,9 @@ class TokenizersBackend(TokenizerBackend):
         for token, token_id in self.tokenizer.get_vocab(with_added_tokens=True).items():
             if token_id < self._vocab_size:
                 self.tokens[token_id] = token
+        self._decoders = _decoder_kinds(json.loads(self.tokenizer.to_str()).get("decoder"))
+        self._added = {token_id for token_id in self.tokenizer.get_added_tokens_decoder()}
+        self._bytes: dict[int, bytes] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -62,3 +94,26 @@ class TokenizersBackend(TokenizerBackend):
             # decode_batch wakes Rust's thread pool, whose threads then spin on the CPUs the lm needs.
             return [self.tokenizer.decode(list(s), skip_special_tokens=skip_special_tokens) for s in sequences]
         return self.tokenizer.decode_batch([list(s) for s in sequences], skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        found = self._bytes.get(token_id)
+        if found is None:
+            found = self._bytes[token_id] = self._spell_bytes(token_id)
+        return found
+
+    def _spell_bytes(self, token_id: int) -> bytes:
+        token = self.tokens[token_id] if 0 <= token_id < self._vocab_size else ""
+        if token_id in self._added:  # added tokens are their own text, not pieces of the model's alphabet
+            return token.encode()
+        if "ByteLevel" in self._decoders:
+            table = _byte_level_decoder()
+            if all(c in table for c in token):
+                return bytes(table[c] for c in token)
+        if "ByteFallback" in self._decoders:
+            match = _BYTE_TOKEN.match(token)
+            if match:
+                return bytes([int(match.group(1), 16)])
+        if self._decoders & {"Metaspace", "Replace"}:
+            return token.replace("\u2581", " ").encode()
+        # WordPiece and others: the token decoded alone (whole characters only there).
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode()

@@ -166,7 +166,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 for i, seq in enumerate(sequences)
             ]
             texts = t.backend.decode_batch(id_lists, request.skip_special_tokens)
-            return _check_reply_size(tokenizer_pb2.DecodeTokensResponse(texts=texts), self.limits.max_reply_bytes)
+            raw = t.backend.decode_bytes(id_lists, request.skip_special_tokens) if request.raw_bytes else []
+            reply = tokenizer_pb2.DecodeTokensResponse(texts=texts, raw=raw)
+            return _check_reply_size(reply, self.limits.max_reply_bytes)
 
         return await self._decode_work(sum(len(s.ids) for s in sequences), work)
 

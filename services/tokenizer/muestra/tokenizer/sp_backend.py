@@ -50,6 +50,18 @@ class SentencePieceBackend(TokenizerBackend):
     def id_to_token(self, token_id: int) -> str:
         return self.pieces[token_id]
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """A byte piece (<0xF0>) is its byte; a control piece its text; any other piece its text with
+        sentencepiece's word boundary (U+2581) as the space it stands for; the unknown piece as it decodes."""
+        piece = self.pieces[token_id]
+        if self.processor.is_byte(token_id):
+            return bytes([int(piece[3:5], 16)])
+        if token_id in self.control_ids:
+            return piece.encode()
+        if self.processor.is_unknown(token_id):
+            return self.processor.decode([token_id]).encode()
+        return piece.replace("\u2581", " ").encode()
+
     def _with_specials(self, ids: list[int], add_special_tokens: bool) -> list[int]:
         return [*self.prefix_ids, *ids, *self.suffix_ids] if add_special_tokens else ids
 

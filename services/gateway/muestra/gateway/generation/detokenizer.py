@@ -27,6 +27,17 @@ from muestra.v1 import gateway_pb2, tokenizer_pb2
 REPLACEMENT_CHARACTER = "\ufffd"
 
 
+def readable_token(text: str, data: bytes) -> str:
+    """A token's text for logprobs: as decoded when its bytes are whole characters, else vLLM's form for part of a
+    character, "bytes:" and the bytes as escapes ("bytes:\\xf0\\x9f")."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        if not data:
+            return text
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+
+
 class TokenizerFailed(Unavailable):
     """The tokenizer failed or timed out on a call that serves a whole step."""
 
@@ -172,14 +183,16 @@ class Detokenizer:
         ids = sorted(i for i in every if i < self.model.tokenizer_vocab_size)
         reply = await self._decode(
             tokenizer_pb2.DecodeTokensRequest(
-                model=self.model.tokenizer_model, sequences=[tokenizer_pb2.TokenIds(ids=[i]) for i in ids]
+                model=self.model.tokenizer_model, sequences=[tokenizer_pb2.TokenIds(ids=[i]) for i in ids],
+                raw_bytes=True,
             )
-        )
-        text = dict(zip(ids, reply.texts, strict=True))
+        )  # fmt: skip
+        raw = reply.raw if len(reply.raw) == len(ids) else [text.encode() for text in reply.texts]  # an older tokenizer
+        named = {i: (readable_token(text, data), data) for i, text, data in zip(ids, reply.texts, raw, strict=True)}
         for entry in entries:
-            entry.token = text.get(entry.token_id, "")
+            entry.token, entry.token_bytes = named.get(entry.token_id, ("", b""))
             for alternative in entry.top:
-                alternative.token = text.get(alternative.token_id, "")
+                alternative.token, alternative.token_bytes = named.get(alternative.token_id, ("", b""))
 
     async def _decode(self, request: tokenizer_pb2.DecodeTokensRequest) -> tokenizer_pb2.DecodeTokensResponse:
         with self.progress.waiting_for(f"tokenizer of {self.model.name!r} Decode"):

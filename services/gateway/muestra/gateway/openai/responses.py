@@ -5,6 +5,7 @@ A request may run several generations (a list prompt): choice `k * n + i` is com
 
 from __future__ import annotations
 
+import codecs
 import collections
 import time
 
@@ -25,18 +26,25 @@ def finish_reason(done: gateway_pb2.Completion, called: bool = False) -> str:
     return "tool_calls" if called and reason == "stop" else reason
 
 
+def token_bytes(entry) -> list[int]:
+    """A logprob entry's own bytes (part of a character stays a part); an entry from a gateway that has none
+    falls back to its text's."""
+    return list(entry.token_bytes or entry.token.encode())
+
+
 def _top(entry: gateway_pb2.TopLogprob) -> dict:
-    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.token.encode())}
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": token_bytes(entry)}
 
 
 def chat_logprobs(entries) -> dict:
-    """choices[].logprobs of chat: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    """choices[].logprobs of chat: {"content": [{token, logprob, bytes, top_logprobs}]}; the entries' bytes
+    concatenate to the content's UTF-8, as OpenAI's and vLLM's do."""
     return {
         "content": [
             {
                 "token": e.token,
                 "logprob": e.logprob,
-                "bytes": list(e.token.encode()),
+                "bytes": token_bytes(e),
                 "top_logprobs": [_top(t) for t in e.top],
             }
             for e in entries
@@ -45,15 +53,19 @@ def chat_logprobs(entries) -> dict:
     }
 
 
-def legacy_logprobs(entries, offset: int) -> tuple[dict, int]:
-    """choices[].logprobs of /v1/completions (tokens, token_logprobs, top_logprobs, text_offset), next offset."""
+def legacy_logprobs(entries, offset: int, decoder=None) -> tuple[dict, int]:
+    """choices[].logprobs of /v1/completions (tokens, token_logprobs, top_logprobs, text_offset), next offset.
+
+    text_offset counts characters: a token that holds part of a character starts where that character does.
+    `decoder` (an incremental UTF-8 decoder) carries a character cut between two calls of one stream."""
+    decoder = decoder or codecs.getincrementaldecoder("utf-8")(errors="replace")
     tokens, token_logprobs, tops, offsets = [], [], [], []
     for e in entries:
         tokens.append(e.token)
         token_logprobs.append(e.logprob)
         tops.append({t.token: t.logprob for t in e.top})
         offsets.append(offset)
-        offset += len(e.token)
+        offset += len(decoder.decode(bytes(token_bytes(e))))
     body = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
     return body, offset
 
@@ -69,6 +81,7 @@ class Choices:
         self.texts: dict[int, list[str]] = collections.defaultdict(list)
         self.logprobs: dict[int, list] = collections.defaultdict(list)
         self.offsets: dict[int, int] = {}
+        self.decoders: dict[int, codecs.IncrementalDecoder] = {}  # per streamed choice: legacy_logprobs
         self.done: dict[int, gateway_pb2.Completion] = {}
         self.want_logprobs = False
         # Tokens that end a completion without adding text (EOS, stop_token_ids): no logprob entry, as
@@ -171,7 +184,8 @@ class Choices:
         logprobs = None
         if self.want_logprobs:
             start = self.offsets.get(choice, len(self.prompt_of(choice)) if self.echo else 0)
-            logprobs, self.offsets[choice] = legacy_logprobs(entries, start)
+            decoder = self.decoders.setdefault(choice, codecs.getincrementaldecoder("utf-8")(errors="replace"))
+            logprobs, self.offsets[choice] = legacy_logprobs(entries, start, decoder)
         return {"index": choice, "text": delta.text, "logprobs": logprobs, "finish_reason": None}
 
     def final_choice(self, choice: int, done: gateway_pb2.Completion) -> dict:

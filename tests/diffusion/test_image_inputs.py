@@ -70,7 +70,7 @@ def busy(diffusion_service):
         ({"init_image": PNG, "mask_image": MASK, "padding_mask_crop": 65}, "padding_mask_crop", "between 0 and 64"),
         ({"init_image": PNG, "mask_image": MASK, "mask_from_alpha": True}, "mask_image", "has no alpha channel"),
         ({"init_image": encode(random_image(4, 64))}, "init_image", "each side must be at least 8 pixels"),
-        ({"init_image": encode(random_image(8, 64))}, "init_image's width", "between 64 and 2048"),
+        ({"init_image": encode(random_image(8, 64))}, "init_image's width", "between 64 and 256, got 8"),
     ],
 )
 def test_bad_images_and_options_are_invalid_argument_while_another_request_runs(

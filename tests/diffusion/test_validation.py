@@ -14,8 +14,8 @@ from tests.diffusion.client import generate, rpc_error
     [
         ({"width": 33}, "width", "multiple of 8"),
         ({"height": 100}, "height", "multiple of 8"),
-        ({"width": 4096}, "width", "between 64 and 2048"),
-        ({"height": 56}, "height", "between 64 and 2048"),
+        ({"width": 4096}, "width", "between 64 and 256, got 4096: at most 4x the 64x64"),  # not 2048: the trained size
+        ({"height": 56}, "height", "between 64 and 256, got 56"),
         ({"steps": 10_000}, "steps", "between 1 and 150"),
         ({"num_images": 100}, "num_images", "between 1 and 8"),
         ({"guidance_scale": float("nan")}, "guidance_scale", "finite number between 0 and 50"),

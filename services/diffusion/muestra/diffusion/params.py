@@ -109,24 +109,24 @@ def _check_text(field: str, text: str, limit: int) -> None:
         raise InvalidArgument(field, f"is {size} bytes; the limit is {limit} bytes")
 
 
-def _check_size(field: str, value: int, default: int, low: int, high: int) -> int:
-    if value == 0:
-        return default
+def _check_size(field: str, value: int, native: int, limits: Limits, high: int) -> int:
+    """A side: a multiple of 8, from --min-size to the lower of `high` (--max-width/--max-height) and
+    --max-size-factor times the model's trained size (a side far above it costs minutes and draws tiled
+    nonsense). The message names the limit that applies, and why."""
     if value % 8:
         raise InvalidArgument(field, f"must be a multiple of 8, got {value}")
-    check_limit(field, value, low, high)
-    return value
-
-
-def _check_native(field: str, value: int, native: int, limits: Limits) -> None:
-    """A side far above the model's training size costs minutes and draws tiled nonsense: refuse it."""
     factor = limits.max_size_factor
-    if factor > 0 and native and value > native * factor:
-        raise InvalidArgument(
-            field,
-            f"{value} is more than {factor:g}x the {limits.native_width}x{limits.native_height} the model was "
-            f"trained at (at most {int(native * factor)} here; the service's --max-size-factor sets this)",
+    why = ""
+    if factor > 0 and native and native * factor < high:
+        high = int(native * factor)
+        why = (
+            f": at most {factor:g}x the {limits.native_width}x{limits.native_height} the model was trained at (at "
+            f"most {high} here; the service's --max-size-factor sets this)"
         )
+    if not (limits.min_size <= value <= high):
+        reason = why if value > high else ""
+        raise InvalidArgument(field, f"must be between {limits.min_size} and {high}, got {value}{reason}")
+    return value
 
 
 def _check_finite(field: str, value: struct_pb2.Struct | struct_pb2.ListValue | struct_pb2.Value) -> None:
@@ -205,10 +205,10 @@ def parse_image_request(
     # Without width or height, the size comes from init_image: say so when it is the size that is refused.
     width_field = "width" if request.width or init is None else "init_image's width"
     height_field = "height" if request.height or init is None else "init_image's height"
-    width = _check_size(width_field, request.width or default_width, 0, limits.min_size, limits.max_width)
-    height = _check_size(height_field, request.height or default_height, 0, limits.min_size, limits.max_height)
-    _check_native(width_field, width, limits.native_width, limits)
-    _check_native(height_field, height, limits.native_height, limits)
+    width = _check_size(width_field, request.width or default_width, limits.native_width, limits, limits.max_width)
+    height = _check_size(
+        height_field, request.height or default_height, limits.native_height, limits, limits.max_height
+    )
     steps = request.steps or defaults.steps
     check_limit("steps", steps, 1, limits.max_steps)
     num_images = request.num_images or 1

@@ -276,7 +276,7 @@ def test_options_name_the_model_and_set_it_for_the_a1111_routes(api):
 @pytest.mark.parametrize(
     ("method", "path", "status", "detail", "allow"),
     [
-        ("POST", "/sdapi/v1/extra-single-image", 404, "Not Found", None),
+        ("POST", "/sdapi/v1/create/embedding", 404, "Not Found", None),
         ("GET", "/sdapi/v2/txt2img", 404, "Not Found", None),
         ("GET", "/sdapi/v1/txt2img", 405, "Method Not Allowed", "POST"),
         ("DELETE", "/sdapi/v1/memory", 405, "Method Not Allowed", "GET"),

@@ -29,7 +29,7 @@ GETTERS = {
     "get_sd_models": (list, {"title", "model_name", "hash", "sha256", "filename", "config"}),
     "get_loras": (list, {"name", "alias", "path", "metadata"}),
     "get_sd_vae": (list, set()),
-    "get_upscalers": (list, set()),
+    "get_upscalers": (list, {"name", "model_name", "model_path", "model_url", "scale"}),
     "get_latent_upscale_modes": (list, set()),
     "get_hypernetworks": (list, set()),
     "get_face_restorers": (list, set()),
@@ -138,7 +138,7 @@ def test_the_other_calls_answer_as_a1111_does(webui):
 
 def test_an_unknown_route_is_a1111s_404_and_webuiapi_raises_on_it(webui):
     with pytest.raises(RuntimeError) as raised:
-        webui.extra_single_image(random_image())
+        webui.custom_post("sdapi/v1/create/embedding", {"name": "ink"})
     status, text = raised.value.args
     assert status == 404 and json.loads(text) == {"detail": "Not Found"}
 

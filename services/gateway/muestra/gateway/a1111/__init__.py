@@ -10,7 +10,8 @@ gateway process.
 
 schemas.py: the request bodies and the error; convert.py: a body as an ImageRequest, a result as A1111's
 `info`; sizes.py: the size generated and the resize; routes.py: generation, the jobs /progress reports, and
-the model and sampler listings; listings.py: the other listings clients read (most of them empty).
+the model and sampler listings; listings.py: the other listings clients read (most of them empty), png-info
+and the no-op refreshes; extras.py: the Extras tab's model-free upscalers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.routing import Match
 
-from muestra.gateway.a1111 import listings, routes
+from muestra.gateway.a1111 import extras, listings, routes
 from muestra.gateway.a1111.routes import Jobs, a1111_error
 from muestra.gateway.a1111.schemas import A1111Error
 
@@ -27,6 +28,7 @@ __all__ = ["A1111Error", "Jobs", "a1111_error", "router"]
 router = APIRouter()
 router.include_router(routes.router)
 router.include_router(listings.router)
+router.include_router(extras.router)
 ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -34,7 +36,7 @@ ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 async def not_served(http: Request) -> None:
     """A1111's 404 and 405 for the rest of /sdapi (the app's own answers to these are in OpenAI's shape)."""
     allowed = set()
-    for route in (*routes.router.routes, *listings.router.routes):
+    for route in (*routes.router.routes, *listings.router.routes, *extras.router.routes):
         if route.matches(http.scope)[0] == Match.PARTIAL:
             allowed |= route.methods
     if allowed:

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from PIL import Image, UnidentifiedImageError
 
 from muestra.gateway.a1111.convert import decode_b64
-from muestra.gateway.a1111.schemas import A1111Error, PngInfoRequest, read_body
+from muestra.gateway.a1111.schemas import A1111Error, InterrogateRequest, PngInfoRequest, read_body
 
 router = APIRouter(prefix="/sdapi/v1")
 # One "key: value" of an infotext's last line (A1111's modules/infotext_utils.py re_param).
@@ -25,9 +25,10 @@ def _none() -> list:
 
 
 # What A1111 lists from its model folders and extensions; muestra has none of these. LoRAs, models and
-# samplers are in routes.py. /artists and /artist-categories are gone from A1111 but webuiapi still asks.
+# samplers are in routes.py, upscalers in extras.py. /artists and /artist-categories are gone from A1111 but
+# webuiapi still asks.
 for _path in (
-    "upscalers", "latent-upscale-modes", "sd-vae", "hypernetworks", "face-restorers", "realesrgan-models",
+    "latent-upscale-modes", "sd-vae", "hypernetworks", "face-restorers", "realesrgan-models",
     "prompt-styles", "script-info", "artists", "artist-categories",
 ):  # fmt: skip
     router.add_api_route(f"/{_path}", _none, methods=["GET"], name=_path)
@@ -49,9 +50,23 @@ async def cmd_flags() -> dict:
     return {}
 
 
-@router.post("/refresh-checkpoints")
-async def refresh_checkpoints() -> None:
-    """A no-op, answered as A1111 answers: the models are the diffusion services the gateway was started with."""
+def _models_are_fixed() -> None:
+    """A no-op answered as A1111 answers (null): the models, LoRAs and VAE are what the services loaded at start."""
+
+
+# A1111 rescans its model folders (refresh-*) or loads and frees its one checkpoint (reload-, unload-).
+for _path in (
+    "refresh-checkpoints", "refresh-vae", "refresh-embeddings", "refresh-loras", "reload-checkpoint",
+    "unload-checkpoint",
+):  # fmt: skip
+    router.add_api_route(f"/{_path}", _models_are_fixed, methods=["POST"], name=_path)
+
+
+@router.post("/interrogate")
+async def interrogate(http: Request) -> None:
+    """A1111 captions an image with CLIP or DeepDanbooru; muestra has no captioning model."""
+    body = await read_body(http, InterrogateRequest)
+    raise A1111Error(501, f"interrogate: no captioning model is installed (asked for {body.model!r})")
 
 
 @router.get("/memory")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -104,3 +104,41 @@ async def read_body(http: Request, model: Any) -> Any:
         return TypeAdapter(model).validate_python(data)
     except ValidationError as exc:
         raise A1111Error(422, _validation_detail(exc)) from None
+
+
+class ExtrasRequest(BaseModel):
+    """ExtrasBaseRequest: the Extras tab's upscale (face restoration is accepted only when off)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    resize_mode: Literal[0, 1] = 0
+    show_extras_results: bool = True
+    gfpgan_visibility: float = Field(0, ge=0, le=1, allow_inf_nan=False)
+    codeformer_visibility: float = Field(0, ge=0, le=1, allow_inf_nan=False)
+    codeformer_weight: float = Field(0, ge=0, le=1, allow_inf_nan=False)
+    upscaling_resize: float = Field(2, ge=1, le=8, allow_inf_nan=False)
+    upscaling_resize_w: int = Field(512, ge=1, le=UINT32_MAX)
+    upscaling_resize_h: int = Field(512, ge=1, le=UINT32_MAX)
+    upscaling_crop: bool = True
+    upscaler_1: str = "None"
+    upscaler_2: str = "None"
+    extras_upscaler_2_visibility: float = Field(0, ge=0, le=1, allow_inf_nan=False)
+    upscale_first: bool = False
+
+
+class ExtrasSingleImageRequest(ExtrasRequest):
+    image: str
+
+
+class FileData(BaseModel):
+    data: str
+    name: str
+
+
+class ExtrasBatchImagesRequest(ExtrasRequest):
+    imageList: list[FileData]  # A1111's name
+
+
+class InterrogateRequest(BaseModel):
+    image: str = ""
+    model: str = "clip"

@@ -40,6 +40,8 @@ KNOWN_PATHS = {
     "/sdapi/v1/loras",
     "/sdapi/v1/options",
     "/sdapi/v1/schedulers",
+    "/sdapi/v1/extra-single-image",
+    "/sdapi/v1/extra-batch-images",
     "/v1/models",
     "/v1/samplers",
     "/v1/schedulers",

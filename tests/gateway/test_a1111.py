@@ -141,7 +141,7 @@ def test_a1111s_inpainting_defaults_blur_4_and_only_the_masked_area(api):
     assert "Mask blur: 4" in text and "Inpaint area: Only masked, Masked area padding: 0" in text
     assert "Denoising strength: 0.75" in text
     # Left out of the request: the model's own, as the service used them.
-    assert (info["steps"], info["cfg_scale"], info["sampler_name"]) == (4, 7.5, "euler")
+    assert (info["steps"], info["cfg_scale"], info["sampler_name"]) == (4, 7.5, "Euler")
 
 
 def test_listings_have_a1111s_shapes(api, image_stack):
@@ -299,7 +299,7 @@ def test_left_out_fields_are_echoed_in_parameters_as_used(api):
     body = api.post("/sdapi/v1/txt2img", json={"prompt": "a cat", "seed": 4}).json()
     parameters = body["parameters"]
     used = {key: parameters[key] for key in ("width", "height", "steps", "cfg_scale", "seed", "sampler_name")}
-    assert used == {"width": 64, "height": 64, "steps": 50, "cfg_scale": 7.5, "seed": 4, "sampler_name": "euler"}
+    assert used == {"width": 64, "height": 64, "steps": 50, "cfg_scale": 7.5, "seed": 4, "sampler_name": "Euler"}
     assert parameters["scheduler"] == "automatic"
 
 

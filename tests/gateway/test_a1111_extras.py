@@ -1,6 +1,6 @@
-"""A1111's Extras upscalers that need no model, its no-op refreshes and /interrogate's 501, through webuiapi
-(0.9.17) and a real gateway + diffusion service. Pixels are checked against Pillow's own resize with the filter
-A1111 names."""
+"""A1111's Extras upscalers that need no model, its no-op refreshes, /interrogate's 501 and its sampler names in
+the infotext, through webuiapi (0.9.17) and a real gateway + diffusion service. Pixels are checked against
+Pillow's own resize with the filter A1111 names."""
 
 from __future__ import annotations
 
@@ -153,3 +153,21 @@ def test_refreshes_and_checkpoint_reloads_answer_null_as_a1111_does(webui, api):
         response = api.post(f"/sdapi/v1/{path}")
         assert (response.status_code, response.json()) == (200, None), path
         assert api.get(f"/sdapi/v1/{path}").status_code == 405
+
+
+@pytest.mark.parametrize(
+    ("fields", "a1111_name"),
+    [({"sampler_name": "euler"}, "Euler"), ({"sampler_name": "DPM++ 2M", "scheduler": "Karras"}, "DPM++ 2M Karras")],
+)
+def test_the_infotext_names_the_sampler_as_a1111_and_png_info_reads_it_back(webui, fields, a1111_name):
+    result = webui.txt2img(prompt="a nine", seed=7, steps=2, width=64, height=64, **fields)
+    text = result.info["infotexts"][0]
+    assert f", Sampler: {a1111_name}, " in text
+    info = webui.png_info(result.image)
+    assert info.info == text and info.parameters["Sampler"] == a1111_name
+
+
+def test_png_info_reads_muestras_own_scheduler_names_as_a1111s(api):
+    text = "a nine\nSteps: 2, Sampler: euler_a, CFG scale: 7, Seed: 1, Size: 64x64, Model: tiny-sd"
+    answer = api.post("/sdapi/v1/png-info", json={"image": b64png(random_image(), text)}).json()
+    assert answer["info"] == text and answer["parameters"]["Sampler"] == "Euler a"

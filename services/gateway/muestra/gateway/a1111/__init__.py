@@ -11,7 +11,8 @@ gateway process.
 schemas.py: the request bodies and the error; convert.py: a body as an ImageRequest, a result as A1111's
 `info`; sizes.py: the size generated and the resize; routes.py: generation, the jobs /progress reports, and
 the model and sampler listings; listings.py: the other listings clients read (most of them empty), png-info
-and the no-op refreshes; extras.py: the Extras tab's model-free upscalers.
+and the no-op refreshes; extras.py: the Extras tab's model-free upscalers; infotext.py: A1111's sampler names
+in the infotext.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ import re
 from fastapi import APIRouter, Request
 from PIL import Image, UnidentifiedImageError
 
-from muestra.gateway.a1111.convert import decode_b64
+from muestra.gateway.a1111.convert import decode_b64, image_model, list_schedulers
+from muestra.gateway.a1111.infotext import a1111_names
 from muestra.gateway.a1111.schemas import A1111Error, InterrogateRequest, PngInfoRequest, read_body
+from muestra.gateway.openai.state import Servicer
 
 router = APIRouter(prefix="/sdapi/v1")
 # One "key: value" of an infotext's last line (A1111's modules/infotext_utils.py re_param).
@@ -109,9 +111,18 @@ def parse_infotext(text: str) -> dict[str, str]:
     return parsed
 
 
+async def _sampler_names(servicer: Servicer) -> dict[str, str]:
+    """Our scheduler names and A1111's to A1111's; none when no diffusion service answers (png-info needs none)."""
+    try:
+        return a1111_names(await list_schedulers(image_model(servicer, "")))
+    except A1111Error:
+        return {}
+
+
 @router.post("/png-info")
-async def png_info(http: Request) -> dict:
-    """The "parameters" text chunk the diffusion service writes, parsed; the image's other text in `items`."""
+async def png_info(http: Request, servicer: Servicer) -> dict:
+    """The "parameters" text chunk the diffusion service writes, parsed (its Sampler under A1111's name, as
+    muestra writes it on /sdapi or ours, as on the other APIs); the image's other text in `items`."""
     body = await read_body(http, PngInfoRequest)
     if not body.image.strip():
         return {"info": "", "items": {}, "parameters": {}}
@@ -121,4 +132,7 @@ async def png_info(http: Request) -> dict:
         raise A1111Error(400, "image: not a PNG, JPEG or WebP image") from None
     items = {key: value for key, value in image.info.items() if isinstance(value, str)}
     text = items.pop("parameters", "")
-    return {"info": text, "items": items, "parameters": parse_infotext(text) if text else {}}
+    parsed = parse_infotext(text) if text else {}
+    if "Sampler" in parsed:
+        parsed["Sampler"] = (await _sampler_names(servicer)).get(parsed["Sampler"].lower(), parsed["Sampler"])
+    return {"info": text, "items": items, "parameters": parsed}

@@ -14,7 +14,7 @@ import grpc
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from muestra.gateway.a1111 import sizes
+from muestra.gateway.a1111 import infotext, sizes
 from muestra.gateway.a1111.convert import (
     LIST_TIMEOUT_S,
     RENAMES,
@@ -115,6 +115,11 @@ async def _generate(servicer: GatewayServicer, body: Txt2ImgRequest, jobs: Jobs,
     finally:
         jobs.running.remove(job)
     images.sort(key=lambda image: image.index)
+    try:
+        names = infotext.a1111_names(await list_schedulers(image_model(servicer, request.model)))
+    except A1111Error:  # the images are made: they keep the service's sampler name rather than being lost
+        names = {}
+    images = [infotext.renamed_image(image, names) for image in images]
     if plan.resized:
         images = await asyncio.to_thread(lambda: [sizes.resize(image, plan) for image in images])
     used = info(body, request, plan, images, job)

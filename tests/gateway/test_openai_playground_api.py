@@ -114,6 +114,10 @@ def test_status_shows_every_model_with_its_replicas_healthy(http, openai_stack):
     assert set(body["requests"]) == {"running", "waiting"} and body["uptime_s"] > 0
 
 
+def test_status_names_the_gateways_own_grpc_port(http, openai_stack):
+    assert status(http)["grpc_port"] == openai_stack.gateway.port
+
+
 def test_status_counts_a_running_stream_and_its_rows_until_it_is_closed(client, http, openai_stack):
     wait_until(lambda: status(http)["requests"]["running"] == 0, what="an idle gateway")
     stream = client.completions.create(

@@ -172,4 +172,6 @@ async def status(http: Request, servicer: Servicer) -> dict:
             "hit_rate": hit_tokens / query_tokens if enabled and query_tokens else None,
         },
         "uptime_s": time.monotonic() - http.app.state.started,
+        # The playground's gRPC example targets it; None when the gateway was told to pick a free port (--port 0).
+        "grpc_port": servicer.config.port or None,
     }

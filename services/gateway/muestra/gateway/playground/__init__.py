@@ -28,17 +28,22 @@ POLICY = (
 )
 
 
-def load_files() -> dict[str, tuple[bytes, str, str]]:
-    """name -> (body, content type, ETag) of every file in static/; create_app reads them once, at start-up."""
+def load_files(folder=STATIC, prefix: str = "") -> dict[str, tuple[bytes, str, str]]:
+    """name -> (body, content type, ETag) of every file in static/ (vendor/x.js for the vendored libraries);
+    create_app reads them once, at start-up, so only these names are ever served."""
     files = {}
-    for entry in STATIC.iterdir():
-        if entry.is_file() and not entry.name.startswith("."):
+    for entry in folder.iterdir():
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            files.update(load_files(entry, f"{prefix}{entry.name}/"))
+        elif entry.is_file():
             body = entry.read_bytes()
             suffix = "." + entry.name.rsplit(".", 1)[-1]
             kind = TYPES.get(suffix) or mimetypes.guess_type(entry.name)[0] or "application/octet-stream"
             if kind.startswith("text/") or kind.endswith("+xml"):
                 kind += "; charset=utf-8"
-            files[entry.name] = (body, kind, '"' + hashlib.blake2b(body, digest_size=8).hexdigest() + '"')
+            files[prefix + entry.name] = (body, kind, '"' + hashlib.blake2b(body, digest_size=8).hexdigest() + '"')
     return files
 
 
@@ -72,7 +77,7 @@ async def index(request: Request) -> Response:
     return _serve("index.html", request)
 
 
-@router.get(PREFIX + "{name}")
+@router.get(PREFIX + "{name:path}")
 async def static_file(name: str, request: Request) -> Response:
     return _serve(name, request)
 

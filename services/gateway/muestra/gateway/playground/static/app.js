@@ -2,15 +2,16 @@
 
 import { describe, forgetApiKey, getJSON, onKeyNeeded, setApiKey } from "./api.js";
 import { initImages, setSchedulers } from "./images.js";
-import { initChainEditor, setModelChain, setSamplers } from "./samplers.js";
+import { initChainEditor, setGrpcPort, setModelChain, setSamplers } from "./samplers.js";
 import { showStatus } from "./status.js";
-import { initText, refreshEquivalent } from "./text.js";
+import { initText, refreshEquivalent, setContextLength } from "./text.js";
 import { clearError, element, showError } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
 const VIEWS = ["chat", "complete", "images", "status"];
 
 function select(view, focus) {
+  clearError(); // an error belongs to the view that caused it
   for (const name of VIEWS) {
     const on = name === view;
     const tab = $(`tab-${name}`);
@@ -56,9 +57,10 @@ function fill(selectId, names) {
 let keyRefused = false;
 let textCards = new Map(); // text model id -> its /v1/models card
 
-function showModelChain() {
+function showModel() {
   const card = textCards.get($("text-model").value);
   setModelChain(card ? card.default_samplers : []);
+  setContextLength(card ? card.max_model_len : 0);
 }
 
 function askForKey(message) {
@@ -70,10 +72,11 @@ function askForKey(message) {
 
 async function load() {
   keyRefused = false;
-  const [models, samplers, schedulers] = await Promise.allSettled([
+  const [models, samplers, schedulers, status] = await Promise.allSettled([
     getJSON("/v1/models"),
     getJSON("/v1/samplers"),
     getJSON("/v1/schedulers"),
+    getJSON("/v1/status"),
   ]);
   if (keyRefused) return;
   if (models.status === "fulfilled") {
@@ -83,7 +86,8 @@ async function load() {
     fill("image-model", cards.filter((m) => m.kind === "image").map((m) => m.id));
   }
   if (samplers.status === "fulfilled") setSamplers(samplers.value.data);
-  showModelChain();
+  if (status.status === "fulfilled") setGrpcPort(status.value.grpc_port);
+  showModel();
   if (schedulers.status === "fulfilled") setSchedulers(schedulers.value.data);
   const failed = [models, samplers, schedulers].filter((r) => r.status === "rejected");
   if (failed.length) showError(`The gateway did not give what the page needs: ${describe(failed[0].reason)}`);
@@ -112,7 +116,9 @@ function initKey() {
     load();
   });
   $("alert-close").addEventListener("click", clearError);
-  $("text-model").addEventListener("change", showModelChain);
+  $("text-model").addEventListener("change", showModel);
+  // The user acting on a form (typing, choosing) is done with the last error.
+  for (const form of ["chat-form", "complete-form", "image-form", "text-settings"]) $(form).addEventListener("input", clearError);
 }
 
 initTabs();

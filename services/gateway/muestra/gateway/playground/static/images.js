@@ -117,12 +117,15 @@ function addToGallery(event, after) {
   return figure;
 }
 
+// The bar and its label both count the whole batch's steps: "Step 37 of 80 · image 2 of 4".
 function progress(event, images) {
   const total = event.total || 1;
   const index = event.image_index ?? 0;
+  const done = index * total + (event.step || 0);
   $("image-progress").max = total * images;
-  $("image-progress").value = index * total + (event.step || 0);
-  $("image-progress-label").textContent = `Image ${index + 1} of ${images}: step ${event.step} of ${total}`;
+  $("image-progress").value = done;
+  const which = images > 1 ? ` · image ${index + 1} of ${images}` : "";
+  $("image-progress-label").textContent = `Step ${done} of ${total * images}${which}`;
 }
 
 async function generate(event) {

@@ -330,6 +330,12 @@ const OPENAI_FIELDS = {
   "/v1/completions": ["model", "prompt", "max_tokens", "seed", "stream", "stream_options", "logprobs", "n", "stop", "echo"],
 };
 
+let grpcPort = null; // the gateway's own gRPC port, from GET /v1/status (null: not known yet, or --port 0)
+
+export function setGrpcPort(port) {
+  grpcPort = port || null;
+}
+
 export function snippets(path, body) {
   const origin = window.location.origin;
   const auth = apiKey() ? ` \\\n  -H "Authorization: Bearer $MUESTRA_API_KEY"` : "";
@@ -372,9 +378,11 @@ export function snippets(path, body) {
     request.top_logprobs = chat ? body.top_logprobs || 0 : body.logprobs;
   }
   const grpcAuth = apiKey() ? ` \\\n  -H "authorization: Bearer $MUESTRA_API_KEY"` : "";
+  // The gateway that served this page, on its gRPC port; unknown, the line says where to find it.
+  const address = `${window.location.hostname}:${grpcPort ?? "GRPC_PORT"}`;
   const grpc = [
-    "# The gateway's gRPC port: `muestra up` prints it (50051 by default).",
-    `grpcurl -plaintext${grpcAuth} \\\n  -d ${shellQuote(JSON.stringify(request))} \\\n  ${window.location.hostname}:50051 muestra.v1.Gateway/Generate`,
+    ...(grpcPort ? [] : ["# GRPC_PORT: the gateway's gRPC port (its log says 'serving muestra.v1.Gateway on host:port')."]),
+    `grpcurl -plaintext${grpcAuth} \\\n  -d ${shellQuote(JSON.stringify(request))} \\\n  ${address} muestra.v1.Gateway/Generate`,
   ].join("\n");
   return { curl, python, grpc, grpcRequest: request };
 }

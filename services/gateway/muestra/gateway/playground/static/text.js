@@ -1,6 +1,7 @@
 // Chat and raw completion: requests built from the settings, tokens streamed into the page as they come.
 
 import { describe, nextSeed, postJSON, postStream } from "./api.js";
+import { markdownFragment } from "./markdown.js";
 import { chain, onChainChange, snippets } from "./samplers.js";
 import { clearError, element, showError } from "./ui.js";
 
@@ -9,6 +10,21 @@ const history = []; // chat messages sent so far: {role, content}
 let dropped = 0; // how many of the oldest messages in `history` requests leave out, to fit the context
 let running = null; // {controller, view}
 let eqKind = "curl";
+let contextLength = 0; // the text model's max_model_len, from its /v1/models card (0: not known)
+
+// An empty Max tokens means: until the model stops, within a quarter of the context (as fitContext keeps free).
+export function setContextLength(length) {
+  contextLength = length || 0;
+  $("max-tokens").placeholder = contextLength ? String(Math.floor(contextLength / 4)) : "";
+  refreshEquivalent();
+}
+
+// The max_tokens a request gets: the typed one, else a quarter of the context (undefined: the context is unknown).
+function maxTokens(context = contextLength) {
+  const typed = $("max-tokens").value.trim();
+  if (typed !== "") return Number(typed);
+  return context ? Math.floor(context / 4) : undefined;
+}
 
 function seed() {
   return nextSeed($("text-seed"), $("text-same-seed").checked);
@@ -28,8 +44,7 @@ async function fitContext() {
   try {
     for (;;) {
       counted = await postJSON("/tokenize", { model: $("text-model").value || "", messages: chatMessages() });
-      // Without max_tokens the answer may run to the end of the context: keep a quarter of it free.
-      max = Number($("max-tokens").value) || Math.floor(counted.max_model_len / 4);
+      max = maxTokens(counted.max_model_len);
       const left = history.length - dropped;
       if (counted.count + max <= counted.max_model_len || left <= 1) break;
       dropped += Math.min(2, left - 1);
@@ -56,8 +71,8 @@ export function textBody(view, seedValue) {
   } else {
     body.prompt = $("complete-prompt").value;
   }
-  const max = $("max-tokens").value.trim();
-  if (max !== "") body.max_tokens = Number(max);
+  const max = maxTokens();
+  if (max !== undefined) body.max_tokens = max;
   const fieldSeed = $("text-seed").value.trim();
   if (seedValue !== undefined) body.seed = seedValue;
   else if (fieldSeed !== "") body.seed = Number(fieldSeed);
@@ -137,8 +152,19 @@ function canRegenerate(view) {
   return $("complete-out").childNodes.length > 0;
 }
 
-// Run one streamed request; `target` gets the text, `statsEl` the figures.
-async function run(view, body, target, statsEl) {
+// Render `text` as Markdown into `el` at the next frame (at most once a frame while tokens stream in).
+function renderLater(el, text) {
+  el.pending = text;
+  if (el.scheduled) return;
+  el.scheduled = requestAnimationFrame(() => {
+    el.scheduled = 0;
+    el.replaceChildren(markdownFragment(el.pending));
+  });
+}
+
+// Run one streamed request; `target` gets the text as it comes (one span per token), `rendered` (for chat
+// answers) the same text as Markdown, `statsEl` the figures.
+async function run(view, body, target, statsEl, rendered) {
   clearError();
   const controller = new AbortController();
   running = { controller, view };
@@ -177,6 +203,7 @@ async function run(view, body, target, statsEl) {
             text += piece;
             const follow = atBottom(target);
             target.append(tokenSpan(piece, entries));
+            if (rendered) renderLater(rendered, text);
             if (follow) scrollToBottom(target);
           }
           if (choice.finish_reason) s.finish = choice.finish_reason;
@@ -197,6 +224,7 @@ async function run(view, body, target, statsEl) {
   } finally {
     running = null;
     setRunning(view, false);
+    $("chat-wait").hidden = true;
   }
   if (s.usage) s.tokens = s.usage.completion_tokens;
   statsEl.textContent = statsText(s);
@@ -230,6 +258,9 @@ function messageElement(role) {
   text.className = "text";
   el.append(who, text);
   if (role === "assistant") {
+    const rendered = document.createElement("div");
+    rendered.className = "markdown";
+    el.append(rendered);
     const stats = document.createElement("p");
     stats.className = "stats";
     el.append(stats);
@@ -244,9 +275,10 @@ async function chatTurn() {
   if (note) $("chat-log").append(element("p", note, "note"));
   const body = textBody("chat", seed());
   const el = messageElement("assistant");
-  const result = await run("chat", body, el.querySelector(".text"), el.querySelector(".stats"));
+  const result = await run("chat", body, el.querySelector(".text"), el.querySelector(".stats"), el.querySelector(".markdown"));
   if (result.error && !result.text) {
     el.querySelector(".text").textContent = "(no answer)";
+    el.querySelector(".markdown").textContent = "(no answer)";
     el.dataset.failed = "true";
     return;
   }
@@ -258,7 +290,10 @@ async function chatTurn() {
 
 async function sendChat(event) {
   event.preventDefault();
-  if (running) return;
+  if (running) {
+    $("chat-wait").hidden = false; // the message stays in the box until the answer ends
+    return;
+  }
   const content = $("chat-input").value;
   if (!content.trim()) {
     showError("Write a message first.");
@@ -334,6 +369,10 @@ export function initText() {
     $(id).addEventListener("input", refreshEquivalent);
   }
   for (const id of ["text-ignore-eos", "text-logprobs", "text-same-seed"]) $(id).addEventListener("change", refreshEquivalent);
+  // Token probabilities colour the raw tokens: with them on, answers show as raw text too.
+  const showRaw = () => $("chat-log").classList.toggle("raw", $("text-raw").checked || $("text-logprobs").checked);
+  for (const id of ["text-raw", "text-logprobs"]) $(id).addEventListener("change", showRaw);
+  showRaw();
   onChainChange(refreshEquivalent);
 
   const kinds = { "eq-curl": "curl", "eq-python": "python", "eq-grpc": "grpc" };

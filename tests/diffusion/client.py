@@ -81,3 +81,12 @@ def next_cancellation(process, seen: int, timeout_s: float = 10.0) -> tuple[int,
             return found[seen]
         time.sleep(0.05)
     raise AssertionError(f"no cancellation logged within {timeout_s}s")
+
+
+def looks_like(preview: np.ndarray, image: np.ndarray) -> tuple[float, float]:
+    """(Pearson correlation, mean absolute difference in 0-255) of a preview with the image averaged to its size."""
+    height, width = preview.shape[:2]
+    rows, cols = image.shape[0] // height, image.shape[1] // width
+    target = image.astype(np.float64).reshape(height, rows, width, cols, 3).mean(axis=(1, 3))
+    shown = preview.astype(np.float64)
+    return float(np.corrcoef(shown.flatten(), target.flatten())[0, 1]), float(np.abs(shown - target).mean())

@@ -15,12 +15,13 @@ import transformers
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
+from muestra.diffusion.denoised import DenoisedEstimate
 from muestra.diffusion.embeddings import TextEmbeddingCache, embedding_key, text_encoder_fingerprint
 from muestra.diffusion.loras import LoadedAdapters
 from muestra.diffusion.metrics import DENOISE_STEPS
 from muestra.diffusion.model_folder import pipeline_class_name
 from muestra.diffusion.params import GenerationParams
-from muestra.diffusion.preview import preview_for
+from muestra.diffusion.preview import service_preview
 
 log = logging.getLogger("muestra.diffusion.engine")
 
@@ -32,7 +33,8 @@ class GenerationCancelled(Exception):
     """Raised from the step callback to leave the denoising loop."""
 
 
-# Called after each step with (step, total, latents).
+# Called after each step with (step, total, latents): the step's estimate of the final latents when previews
+# were asked for (the latents between steps are mostly noise), else the latents between steps.
 StepCallback = Callable[[int, int, torch.Tensor], None]
 
 
@@ -73,7 +75,7 @@ class DiffusionEngine:
         self.dtype: torch.dtype = pipe.unet.dtype
         self.pipeline_class = type(pipe).__name__
         self.unet_parameters = sum(p.numel() for p in pipe.unet.parameters())
-        self.preview = preview_for(pipe.vae)  # the published factors of SD's VAEs, else fitted to this one
+        self.preview = service_preview(pipe.vae)  # the published factors of SD's VAEs, else a decode by this one
         # Every request builds a fresh scheduler from the model's own config; keep a pristine copy of it.
         self.base_scheduler = pipe.scheduler
         self.base_scheduler_config = dict(pipe.scheduler.config)
@@ -150,7 +152,8 @@ class DiffusionEngine:
             if is_step:
                 steps_done += 1
                 DENOISE_STEPS.inc()
-                on_step(steps_done, total, tensors["latents"])
+                latents = tensors["latents"] if denoised is None or denoised.latest is None else denoised.latest
+                on_step(steps_done, total, latents)
             if cancel.is_set():
                 raise GenerationCancelled(f"stopped after step {steps_done} of {total}")
             return tensors
@@ -167,6 +170,7 @@ class DiffusionEngine:
         pipe, task = self._task(params, generator)
         # The request's sampler and options on the model's own scheduler config, built anew for every image.
         pipe.scheduler = params.sampler.build(self.base_scheduler_config, params.scheduler_options)
+        denoised = DenoisedEstimate(pipe.scheduler) if params.preview_every else None
         try:
             result = pipe(
                 **text,

@@ -1,8 +1,10 @@
-"""Cheap previews: latents to RGB by a linear projection, no VAE decode.
+"""Previews: a step's latents (its estimate of the final ones, see denoised.py) to a small RGB image.
 
-Stable Diffusion 1.x/2.x and SDXL VAEs use the well-known least-squares factors (A1111's "Approx cheap"
-preview, ComfyUI's latent formats). Those belong to those VAEs: any other VAE (models/muestra-image's
-own, the tests' random ones) gets factors fitted to it at load by `fit_preview`, in the same way.
+Stable Diffusion 1.x/2.x and SDXL VAEs use a linear projection with the well-known least-squares factors
+(A1111's "Approx cheap" preview, ComfyUI's latent formats), no VAE decode. Those factors belong to those
+VAEs. Any other VAE (models/muestra-image's own, the tests' random ones) decodes the preview itself
+(A1111's "Full" preview): no linear projection follows models/muestra-image's VAE, even one fitted to its
+own images (`fit_preview`, `scripts/preview_factors.py`: correlations of 0.2 to 0.9 with the image).
 """
 
 from __future__ import annotations
@@ -46,10 +48,38 @@ class LatentPreview:
         return torch.einsum("chw,cr->hwr", latent, self.factors) + self.bias
 
     def png(self, latents: torch.Tensor) -> bytes:
-        pixels = ((self.rgb(latents) + 1.0) * 127.5).clamp(0, 255).round().to(torch.uint8).numpy()
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
-        return buffer.getvalue()
+        return rgb_png(self.rgb(latents))
+
+
+class VaePreview:
+    """Turns a [1, C, h, w] latent into a small PNG (h x w pixels): decoded by the VAE, then averaged to h x w.
+
+    One VAE decode per preview: cheap for the small VAEs without published factors that it serves.
+    """
+
+    def __init__(self, vae) -> None:
+        self.vae = vae
+
+    def supports(self, latents: torch.Tensor) -> bool:
+        return latents.ndim == 4 and latents.shape[1] == self.vae.config.latent_channels
+
+    @torch.no_grad()
+    def rgb(self, latents: torch.Tensor) -> torch.Tensor:
+        """[h, w, 3] in [-1, 1]: the first latent decoded as the pipeline decodes its output, area-averaged."""
+        latent = latents[:1].to(self.vae.device, self.vae.dtype) / self.vae.config.scaling_factor
+        image = self.vae.decode(latent).sample.float().clamp(-1, 1)
+        return F.adaptive_avg_pool2d(image, latents.shape[-2:])[0].permute(1, 2, 0).cpu()
+
+    def png(self, latents: torch.Tensor) -> bytes:
+        return rgb_png(self.rgb(latents))
+
+
+def rgb_png(rgb: torch.Tensor) -> bytes:
+    """A PNG of [h, w, 3] pixels in [-1, 1], rounded as the pipeline rounds its images."""
+    pixels = ((rgb + 1.0) * 127.5).clamp(0, 255).round().to(torch.uint8).numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
 
 
 def least_squares_factors(latents: torch.Tensor, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,9 +126,19 @@ def fit_preview(vae) -> LatentPreview:
     return LatentPreview(factors, bias)
 
 
-def preview_for(vae) -> LatentPreview:
-    """The published factors for a VAE they were fitted to, else factors fitted to `vae` now."""
+def published_preview(vae) -> LatentPreview | None:
+    """The published factors for a VAE they were fitted to, else None."""
     known = KNOWN_VAES.get(round(float(vae.config.scaling_factor), 5))
     if known is not None and vae.config.latent_channels == 4:
         return LatentPreview(*known)
-    return fit_preview(vae)
+    return None
+
+
+def preview_for(vae) -> LatentPreview:
+    """The best linear preview for `vae`: the published factors, else factors fitted to it now."""
+    return published_preview(vae) or fit_preview(vae)
+
+
+def service_preview(vae) -> LatentPreview | VaePreview:
+    """What the diffusion service previews with: the published factors for SD's VAEs, else the VAE itself."""
+    return published_preview(vae) or VaePreview(vae)

@@ -158,7 +158,9 @@ function renderLater(el, text) {
   if (el.scheduled) return;
   el.scheduled = requestAnimationFrame(() => {
     el.scheduled = 0;
+    const follow = atBottom(el);
     el.replaceChildren(markdownFragment(el.pending));
+    if (follow) scrollToBottom(el);
   });
 }
 

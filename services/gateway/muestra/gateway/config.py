@@ -36,6 +36,12 @@ class GatewayConfig(ServiceConfig, RedisConfig):
     max_constraint_bytes: int = _f(
         256 * 1024, "largest constraint (a JSON Schema's text, a regex or a grammar), in UTF-8 bytes"
     )
+    json_endings: bool = _f(
+        True,
+        "a JSON-constrained answer (json_object, json_schema) that comes within a few tokens, or the last fifth, of "
+        "its max_tokens while still open is steered to close its strings and brackets, so it ends valid (finish "
+        "stop) instead of being cut mid-value; false: it is cut where max_tokens falls (finish length)",
+    )
     constraint_compile_timeout_s: float = _f(10.0, "longest a request's constraint may take to compile")
     constraint_mask: str = _f(
         "lm",

@@ -317,6 +317,7 @@ class GatewayServicer(TokenizeRPCs, gateway_pb2_grpc.GatewayServicer):
             rows=rows,
             seed=request.seed if request.HasField("seed") else secrets.randbits(63),
             row_invariant=row_invariant,
+            json_endings=self.config.json_endings,
             chain=chain,
             stop=list(request.stop),
             stop_token_ids=frozenset(request.stop_token_ids),

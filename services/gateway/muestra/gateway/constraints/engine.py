@@ -63,6 +63,7 @@ class RowConstraint:
         self.mask = np.zeros(words, dtype=np.int32)  # set by fill_masks before every step
         self.forced: int | None = None  # the only allowed next token, when there is one
         self.forced_count = 0
+        self.closing = False  # steered to end by closing_masks at least once
         self.error = ""
 
     def consume(self, token: int) -> bool:
@@ -99,8 +100,36 @@ def short_error(message: str, limit: int = 600) -> str:
 _executor: llguidance.LLExecutor | None = None
 
 
-def fill_masks(rows: list[RowConstraint]) -> None:
-    """Compute every row's next allowed-token mask (in parallel, without the GIL) and its forced token.
+# A JSON row whose tokens left come within CLOSING_MARGIN, or the last CLOSING_SHARE of its max_tokens, of what
+# closing its text takes (JsonText.closing_tokens, doubled: a quote or bracket is not always one token; an object
+# may still need its required keys) is steered to end: see closing_masks.
+CLOSING_MARGIN = 6
+CLOSING_SHARE = 0.2
+
+
+def closing_masks(rows: list[RowConstraint], masks: np.ndarray, tokens_left: list[int], max_tokens: list[int]) -> None:
+    """Narrow the mask of each JSON row about to run out of tokens (max_tokens, or the context) to the tokens that
+    close its string or containers where the grammar allows any, else (outside a string) to short values and
+    separators (null, digits, commas): a model repeating itself inside an unbounded array or string then ends with a
+    whole, valid text instead of being cut mid-value. Rows that end earlier never meet it: their texts are the
+    same."""
+    for i, row in enumerate(rows):
+        margin = max(CLOSING_MARGIN, int(CLOSING_SHARE * max_tokens[i]))
+        if row.json is None or tokens_left[i] > 2 * row.json.closing_tokens() + margin:
+            continue
+        for allowed in row.json.closing_steps(row.json_tokens):
+            narrowed = masks[i] & allowed
+            if narrowed.any():
+                masks[i] = narrowed
+                row.closing = True
+                break
+
+
+def fill_masks(
+    rows: list[RowConstraint], tokens_left: list[int] | None = None, max_tokens: list[int] | None = None
+) -> None:
+    """Compute every row's next allowed-token mask (in parallel, without the GIL) and its forced token;
+    `tokens_left` (per row) steers the JSON rows about to run out of tokens to end (closing_masks).
 
     A row whose grammar allows nothing (a dead end) gets an empty mask and an .error."""
     global _executor
@@ -114,6 +143,8 @@ def fill_masks(rows: list[RowConstraint]) -> None:
         if row.json is not None:
             row.json.remove_breaking(masks[i], row.json_tokens)
             remove_dead_keys(row, masks[i])
+    if tokens_left is not None:
+        closing_masks(rows, masks, tokens_left, max_tokens or tokens_left)
     counts = np.bitwise_count(masks.view(np.uint32)).sum(axis=1)
     for i, row in enumerate(rows):
         row.mask = masks[i]

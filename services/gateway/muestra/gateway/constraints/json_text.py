@@ -32,6 +32,28 @@ class JsonTokens:
         # Bitmask (as llguidance packs them) of the tokens that do not start with a quote.
         unquoted = np.array([not data.startswith(b'"') for data in token_bytes], dtype=np.uint8)
         self.unquoted = np.packbits(unquoted, bitorder="little")
+        # For a row about to run out of tokens (closing_masks): the tokens that only close (quotes, brackets), and
+        # those that write a short value or a separator, as int32 words the size of llguidance's masks.
+        words = (len(token_bytes) + 31) // 32
+        self.brackets = _words([bool(data) and all(b in _BRACKETS for b in data) for data in token_bytes], words)
+        self.end_quote = _words(
+            [data[:1] == b'"' and all(b in _BRACKETS for b in data[1:]) for data in token_bytes], words
+        )
+        self.short = _words([_is_short(data) for data in token_bytes], words)
+
+
+_BRACKETS = frozenset(b"]}")
+_SHORT = frozenset(b'"]},:. -0123456789')
+_WORDS = (b"null", b"true", b"false")
+
+
+def _is_short(data: bytes) -> bool:
+    return bool(data) and (all(b in _SHORT for b in data) or data.strip(b' ,:"[{') in _WORDS)
+
+
+def _words(flags: list[bool], words: int) -> np.ndarray:
+    packed = np.packbits(np.array(flags, dtype=np.uint8), bitorder="little")
+    return np.concatenate([packed, np.zeros(words * 4 - packed.size, dtype=np.uint8)]).view(np.int32)
 
 
 @dataclasses.dataclass
@@ -121,6 +143,18 @@ class JsonText:
             if len(raw) > len(self.key) and raw.startswith(self.key):
                 found += tokens.by_bytes.get(raw[len(self.key) :], [])
         return found
+
+    def closing_tokens(self) -> int:
+        """About how many tokens it takes at least to end the text from here: a quote and a bracket per open
+        string and container, and a value where a key waits for one."""
+        return len(self.stack) + self.in_string + (self.in_string and self.string_is_key)
+
+    def closing_steps(self, tokens: JsonTokens) -> tuple[np.ndarray, ...]:
+        """The token sets that end the text soonest from here, best first: inside a string its closing quote (and
+        brackets after it); elsewhere closing brackets, then short values and separators."""
+        if self.in_string:
+            return (tokens.end_quote,)
+        return (tokens.brackets, tokens.short)
 
     def copy(self) -> JsonText:
         return dataclasses.replace(self, stack=list(self.stack))

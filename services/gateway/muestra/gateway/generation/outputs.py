@@ -219,7 +219,10 @@ def token_logprob(token: int, result: StepResult, k: int) -> gateway_pb2.TokenLo
 def next_masks(rows: list[Sequence]) -> None:
     """Compute the next allowed tokens of the constrained rows still running; a dead end ends its row."""
     running = [row for row in rows if row.sampling.constraint is not None and not row.finished]
-    fill_masks([row.sampling.constraint for row in running])
+    # Within the context (max_tokens is at most what it leaves); a request without JSON endings never gets near.
+    far = 2**31
+    tokens_left = [row.request.max_tokens - len(row.generated) if row.request.json_endings else far for row in running]
+    fill_masks([row.sampling.constraint for row in running], tokens_left, [row.request.max_tokens for row in running])
     for row in running:
         if row.sampling.constraint.error:
             row.finish(gateway_pb2.ERROR)

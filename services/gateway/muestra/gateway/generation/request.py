@@ -41,6 +41,9 @@ class GenerationRequest:
     # Its tokens must not depend on its batch (--row-invariant): its steps alone run row-invariant too
     # (DecodeRequest.row_invariant).
     row_invariant: bool = False
+    # A JSON constraint's rows about to run out of tokens are steered to end valid (constraints.engine.closing_masks;
+    # the gateway's --json-endings).
+    json_endings: bool = True
     # Filled in by the gateway and the scheduler.
     arrival: float = dataclasses.field(default_factory=time.monotonic)
     admitted: float | None = None

@@ -1,4 +1,5 @@
-"""How well a model's latent previews match its images: the factors the diffusion service uses for it.
+"""How well linear latent previews would match a model's images (the service previews other VAEs than SD's by
+decoding the step's estimate with the model's VAE instead: muestra/diffusion/preview.py, service_preview).
 
     python scripts/preview_factors.py models/muestra-image
 

@@ -427,18 +427,11 @@ class Workload:
             if reply.status_code != 200:
                 await self._http_failure(reply, outcome)
                 return
-            lines = reply.aiter_lines()
-            while True:
-                try:
-                    line = await asyncio.wait_for(anext(lines), self.hang_s)
-                except StopAsyncIteration:
-                    break
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
+            async for data in self._sse_data(reply):
+                if data == "[DONE]":
                     saw_done = True
                     continue
-                event = json.loads(line[6:])
+                event = json.loads(data)
                 if "error" in event:
                     outcome.status, outcome.code = "failed", str(event["error"].get("code"))
                     outcome.error = event["error"].get("message", "")
@@ -467,6 +460,18 @@ class Workload:
                     return  # leaving the block closes the connection mid-stream
         if outcome.status == "ok" and not saw_done:
             outcome.status, outcome.error = "lost", "the stream ended without [DONE]"
+
+    async def _sse_data(self, reply):
+        """Each `data:` payload of a server-sent event stream; a line that takes longer than hang_s raises
+        asyncio.TimeoutError (the stream is hung)."""
+        lines = reply.aiter_lines()
+        while True:
+            try:
+                line = await asyncio.wait_for(anext(lines), self.hang_s)
+            except StopAsyncIteration:
+                return
+            if line.startswith("data: "):
+                yield line[6:]
 
     async def _http(self, spec: Spec, outcome: Outcome) -> None:
         path, body = spec.http_body(stream=False)
@@ -545,15 +550,8 @@ class Workload:
             if reply.status_code != 200:
                 await self._http_failure(reply, outcome)
                 return None
-            lines = reply.aiter_lines()
-            while True:
-                try:
-                    line = await asyncio.wait_for(anext(lines), self.hang_s)
-                except StopAsyncIteration:
-                    break
-                if not line.startswith("data: "):
-                    continue
-                event = json.loads(line[6:])
+            async for data in self._sse_data(reply):
+                event = json.loads(data)
                 numbers.append(event["sequence_number"])
                 if event["type"] == "response.output_text.delta":
                     text += event["delta"]

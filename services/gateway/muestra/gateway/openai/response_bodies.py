@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from muestra.gateway.openai.schemas import UINT32_MAX, UINT64_MAX, SamplerStep, Speculation, TokenId, _Body
+from muestra.gateway.openai.schemas import UINT32_MAX, UINT64_MAX, SamplingExtensions, _Body
 
 
 class TextOptions(_Body):
@@ -24,7 +24,7 @@ class StreamOptions(_Body):
     include_obfuscation: bool | None = None  # accepted: muestra pads nothing
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(SamplingExtensions):
     """POST /v1/responses."""
 
     model: str = ""
@@ -55,22 +55,12 @@ class ResponsesRequest(_Body):
     prompt: dict[str, Any] | None = None
     max_tool_calls: int | None = Field(None, ge=1, le=UINT32_MAX)
     service_tier: str | None = None  # accepted and ignored, as on chat completions
-    # muestra extensions, as on chat completions.
+    # Extensions, as on chat completions (and SamplingExtensions').
     seed: int | None = Field(None, ge=0, le=UINT64_MAX)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    repetition_penalty: float | None = None
-    samplers: list[SamplerStep] | None = None
-    ignore_eos: bool = False
-    allow_special_tokens: bool = False
-    speculation: Speculation | str | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[TokenId] | None = None
-    include_stop_str_in_output: bool = False
 
 
 class InputItemsQuery(_Body):

@@ -9,7 +9,6 @@ prefilled. With `store` (the default) the response and its conversation are kept
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -40,7 +39,7 @@ from muestra.gateway.openai.response_items import (
 from muestra.gateway.openai.response_store import owner_of
 from muestra.gateway.openai.schemas import ChatCompletionRequest
 from muestra.gateway.openai.state import Servicer
-from muestra.gateway.openai.streams import ClientGone, ClosingStreamingResponse, cancel_on_disconnect
+from muestra.gateway.openai.streams import ClientGone, ClosingStreamingResponse
 from muestra.gateway.openai.text import TextRun
 from muestra.runtime.auth import bearer_value
 from muestra.v1 import gateway_pb2
@@ -162,31 +161,15 @@ class ResponseRun:
         messages, model = await run.start()
         self.model = model.name
         run.choices.ending_ids = frozenset(model.eos_token_ids) if not run.requests[0].ignore_eos else frozenset()
-        if self.body.stream:
-            try:  # the status line waits for the first token, so that errors before it get their own status
-                first = await cancel_on_disconnect(http, anext(messages, None))
-            except ClientGone:
-                return Response(status_code=499)
-            except Exception as exc:  # noqa: BLE001
-                await messages.aclose()
-                raise renamed(run.error(exc)) from None
-            events = self.events(run, first, messages)
-            return ClosingStreamingResponse(events, media_type="text/event-stream")
-
-        async def collect() -> None:
-            async with contextlib.aclosing(messages):
-                async for choice, message in messages:
-                    run.choices.add(choice, message)
-
         try:
-            await cancel_on_disconnect(http, collect())
+            if self.body.stream:
+                first = await run.first_message(http, messages)
+                return ClosingStreamingResponse(self.events(run, first, messages), media_type="text/event-stream")
+            await run.collect(http, messages)
         except ClientGone:
             return Response(status_code=499)
-        except Exception as exc:  # noqa: BLE001
-            raise renamed(run.error(exc)) from None
-        errors = run.choices.errors()
-        if errors:
-            raise OpenAIError(500, errors[0], "server_error", None, "generation_error")
+        except OpenAIError as exc:
+            raise renamed(exc) from None
         message = run.choices.choice_bodies()[0]["message"]
         response = self.response(self.status(run), output_items(message), run)
         await self.keep(response)

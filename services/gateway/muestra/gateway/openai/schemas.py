@@ -108,7 +108,22 @@ class StructuredOutputs(_Body):
     json_object: bool | None = None
 
 
-class _TextBody(_Body):
+class SamplingExtensions(_Body):
+    """muestra's sampling fields beyond OpenAI's, on every text endpoint (vLLM spells the shared ones the same way)."""
+
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repetition_penalty: float | None = None
+    samplers: list[SamplerStep] | None = None
+    ignore_eos: bool = False
+    allow_special_tokens: bool = False
+    speculation: Speculation | str | None = None
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+
+
+class _TextBody(SamplingExtensions):
     """Fields that /v1/completions and /v1/chat/completions share."""
 
     model: str = ""
@@ -126,17 +141,6 @@ class _TextBody(_Body):
     user: str | None = None
     # Requests sharing it go to the lm replica that holds their cached KV (when no replica is known to hold more).
     prompt_cache_key: str | None = Field(None, max_length=256)
-    # muestra extensions (vLLM spells the shared ones the same way).
-    top_k: int | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    repetition_penalty: float | None = None
-    samplers: list[SamplerStep] | None = None
-    ignore_eos: bool = False
-    allow_special_tokens: bool = False
-    speculation: Speculation | str | None = None
-    stop_token_ids: list[TokenId] | None = None
-    include_stop_str_in_output: bool = False
     # Output constraints (at most one of them): OpenAI's response_format, vLLM's guided_* and structured_outputs.
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -57,6 +57,36 @@ class TextRun:
             raise self.error(exc) from None
         return merge([stream_generation(g, s) for g, s in prepared], self.body.n), model
 
+    async def first_message(self, http: Request, messages):
+        """The first (choice, message), or None: a stream's status line waits for it, so that errors before it get
+        their own status. Raises ClientGone, or the failure as an OpenAI error."""
+        try:
+            return await cancel_on_disconnect(http, anext(messages, None))
+        except ClientGone:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            await messages.aclose()
+            raise self.error(exc) from None
+
+    async def collect(self, http: Request, messages) -> None:
+        """Every message into self.choices. Raises ClientGone, or the failure (a failed generation's too) as an
+        OpenAI error."""
+
+        async def read() -> None:
+            async with contextlib.aclosing(messages):
+                async for choice, message in messages:
+                    self.choices.add(choice, message)
+
+        try:
+            await cancel_on_disconnect(http, read())
+        except ClientGone:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise self.error(exc) from None
+        errors = self.choices.errors()
+        if errors:
+            raise OpenAIError(500, errors[0], "server_error", None, "generation_error")
+
     async def respond(self, http: Request) -> Response:
         messages, model = await self.start()
         asked = self.requests[0]
@@ -64,31 +94,15 @@ class TextRun:
             frozenset() if asked.ignore_eos else frozenset(model.eos_token_ids)
         )
         kind = "chat.completion" if self.chat else "text_completion"
-        if self.body.stream:
-            head = envelope(kind + ".chunk" if self.chat else kind, request_id_var.get(), model.name, model.fingerprint)
-            try:  # the status line waits for the first token, so that errors before it get their own status
-                first = await cancel_on_disconnect(http, anext(messages, None))
-            except ClientGone:
-                return Response(status_code=499)
-            except Exception as exc:  # noqa: BLE001
-                await messages.aclose()
-                raise self.error(exc) from None
-            return ClosingStreamingResponse(self.events(head, first, messages), media_type="text/event-stream")
-
-        async def collect() -> None:
-            async with contextlib.aclosing(messages):
-                async for choice, message in messages:
-                    self.choices.add(choice, message)
-
         try:
-            await cancel_on_disconnect(http, collect())
+            if self.body.stream:
+                first = await self.first_message(http, messages)
+                head = envelope(kind + ".chunk" if self.chat else kind, request_id_var.get(), model.name,
+                                model.fingerprint)  # fmt: skip
+                return ClosingStreamingResponse(self.events(head, first, messages), media_type="text/event-stream")
+            await self.collect(http, messages)
         except ClientGone:
             return Response(status_code=499)
-        except Exception as exc:  # noqa: BLE001
-            raise self.error(exc) from None
-        errors = self.choices.errors()
-        if errors:
-            raise OpenAIError(500, errors[0], "server_error", None, "generation_error")
         head = envelope(kind, request_id_var.get(), model.name, model.fingerprint)
         return JSONResponse({**head, "choices": self.choices.choice_bodies(), "usage": self.choices.usage()})
 

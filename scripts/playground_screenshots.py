@@ -2,11 +2,13 @@
 
     python scripts/playground_screenshots.py [--out docs/images]
 
-It starts `muestra up --base-port 0` (free ports on loopback, no API key), drives Debian's Chromium
-through Playwright (no browser download; MUESTRA_CHROMIUM picks another binary), and saves
-playground-chat.png, playground-images.png and playground-samplers.png. Seeds are fixed, so a rerun
-on the same models gives the same text and images. The stack is stopped by its PID at the end,
-also when something fails.
+It starts `muestra up --base-port 0` (free ports on loopback, so not the default ones; no API key), drives
+Debian's Chromium through Playwright (no browser download; MUESTRA_CHROMIUM picks another binary), and saves
+playground-chat.png (a two-turn chat, its answers rendered as Markdown), playground-request.png (the "same
+request" box: curl, Python and grpcurl aimed at this stack's own ports), playground-samplers.png,
+playground-images-previews.png (the image view mid-generation, a preview showing) and playground-images.png.
+Seeds are fixed, so a rerun on the same models gives the same text and images. The stack is stopped by its
+PID at the end, also when something fails.
 """
 
 from __future__ import annotations
@@ -67,7 +69,6 @@ def chat(page, out: Path) -> None:
     page.fill("#chat-system", "Be brief.")
     page.fill("#text-seed", str(SEED))
     page.check("#text-same-seed")
-    page.check("#text-logprobs")
     page.fill("#chat-input", "What is the capital of France?")
     page.press("#chat-input", "Enter")
     page.wait_for_function("() => document.querySelector('#chat-log .message.assistant .stats')?.dataset.finish")
@@ -76,6 +77,13 @@ def chat(page, out: Path) -> None:
     page.wait_for_function("() => document.querySelectorAll('#chat-log .stats[data-finish]').length === 2")
     page.locator("#chat-input").blur()
     page.screenshot(path=out / "playground-chat.png")
+
+
+def request_box(page, out: Path) -> None:
+    """The chat's last request as curl, Python and grpcurl, aimed at this stack's own (non-default) ports."""
+    page.click("#equivalent summary")
+    page.locator("#equivalent").screenshot(path=out / "playground-request.png")
+    page.click("#equivalent summary")
 
 
 def samplers(page, out: Path) -> None:
@@ -91,7 +99,15 @@ def images(page, out: Path) -> None:
     page.fill("#image-prompt", "a handwritten nine")
     page.fill("#image-seed", str(SEED))
     page.fill("#image-n", "2")
+    page.fill("#image-steps", "40")
     page.click("#image-generate")
+    # Mid-generation: a preview of the first image is showing, its label and bar part of the way.
+    page.wait_for_function(
+        "() => !document.getElementById('image-preview').hidden"
+        " && /^Step (1[2-9]|2[0-9]) of /.test(document.getElementById('image-progress-label').textContent)",
+        timeout=300_000,
+    )
+    page.screenshot(path=out / "playground-images-previews.png")
     page.wait_for_function(
         "() => document.getElementById('image-progress-label').textContent.startsWith('Done')", timeout=300_000
     )
@@ -121,13 +137,15 @@ def main() -> int:
                 page.goto(url)
                 page.wait_for_function("() => document.querySelectorAll('#chain-add-name option').length > 0")
                 chat(page, args.out)
+                request_box(page, args.out)
                 samplers(page, args.out)
                 images(page, args.out)
             finally:
                 browser.close()
     finally:
         stop_stack(stack)
-    print(f"saved playground-chat.png, playground-samplers.png and playground-images.png in {args.out}")
+    print(f"saved playground-chat.png, playground-request.png, playground-samplers.png, playground-images-previews.png"
+          f" and playground-images.png in {args.out}")  # fmt: skip
     return 0
 
 

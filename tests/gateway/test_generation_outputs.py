@@ -62,7 +62,8 @@ class ScriptedConstraint:
 
 @pytest.fixture(autouse=True)
 def scripted_masks(monkeypatch):
-    monkeypatch.setattr(outputs, "fill_masks", lambda constraints: [c.refill() for c in constraints])
+    # The budgets (tokens left, max_tokens) steer JSON endings, which these scripted constraints have none of.
+    monkeypatch.setattr(outputs, "fill_masks", lambda constraints, *budgets: [c.refill() for c in constraints])
 
 
 def make_row(registry, *, max_tokens=10, prompt=(5, 6, 7), chain=(("greedy", {}),), logprobs=False, **request_fields):

@@ -5,11 +5,10 @@ Runs on the text fixture's stack, whose tokenizer has <|bos|> (0) and <|pad|> (2
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from muestra.v1 import gateway_pb2
+from tests.fixtures.logprob_tokens import joined
 
 SPECIAL = {0, 2}  # <|bos|>, <|pad|>; <|eos|> (1) ends text and stays allowed
 HOT = 1.8
@@ -75,19 +74,6 @@ def test_stop_token_ids_are_never_suppressed(stub):
     request = bias_toward_specials(sampled("Once upon a time", 3, stop_token_ids=[2]))
     ids = generated_ids(stub, request)
     assert ids[-1] == 2  # <|pad|> as a stop id ends the text instead of being suppressed
-
-
-PARTIAL = re.compile(r"^bytes:((?:\\x[0-9a-f]{2})+)$")
-
-
-def joined(tokens: list[str]) -> str:
-    """The text logprob tokens spell: a token that holds part of a character reads "bytes:\\xNN…" (vLLM's form)
-    and gives those bytes; the whole is decoded as the detokenizer decodes (an invalid byte as U+FFFD)."""
-    data = b""
-    for token in tokens:
-        partial = PARTIAL.match(token)
-        data += bytes.fromhex(partial.group(1).replace("\\x", "")) if partial else token.encode()
-    return data.decode("utf-8", errors="replace")
 
 
 def chat(stack, seed: int, stream: bool, **extra) -> tuple[str, list[str]]:

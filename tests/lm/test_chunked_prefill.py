@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from muestra.lm.engine import DecodeInput, Engine, PrefillInput
+from muestra.lm.engine import Engine
+from muestra.lm.engine_io import DecodeInput, PrefillInput
 from muestra.lm.model import OnnxDecoder
 from muestra.v1 import lm_pb2
 from tests.fixtures.lm_models import MAX_POSITIONS

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from muestra.lm.batch import RowCache
-from muestra.lm.engine import DecodeInput, Engine, PrefillInput
+from muestra.lm.engine import Engine
+from muestra.lm.engine_io import DecodeInput, PrefillInput
 from muestra.lm.hot_tier import HotTier
 from muestra.lm.model import OnnxDecoder
 from muestra.runtime.errors import ResourceExhausted

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from muestra.lm import lanes
-from muestra.lm.engine import DecodeInput, Engine, PrefillInput
+from muestra.lm.engine import Engine
+from muestra.lm.engine_io import DecodeInput, PrefillInput
 from muestra.lm.lanes import Lanes
 from muestra.lm.model import OnnxDecoder
 from muestra.v1 import lm_pb2

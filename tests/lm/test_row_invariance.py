@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from muestra.lm.engine import DecodeInput, Engine, PrefillInput
+from muestra.lm.engine import Engine
+from muestra.lm.engine_io import DecodeInput, PrefillInput
 from muestra.lm.model import OnnxDecoder
 from muestra.lm.row_pad import ROW_PADS, add_row_pads, pads
 from tests.fixtures.default_model import default_model_or_skip

@@ -14,7 +14,8 @@ import numpy as np
 from muestra.lm import metrics
 from muestra.lm.batch import RowCache
 from muestra.lm.config import LmConfig
-from muestra.lm.engine import DecodeInput, Engine, Load, PrefillInput, StepResult
+from muestra.lm.engine import Engine
+from muestra.lm.engine_io import DecodeInput, Load, PrefillInput, StepResult
 from muestra.lm.model import OnnxDecoder
 from muestra.lm.outputs import batch_output
 from muestra.lm.prefix_cache import MIN_SUFFIX, PrefixCache, PrefixPlan

@@ -11,20 +11,28 @@ step stream ended), and `expire` frees batches nobody used for a while (a caller
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from muestra.lm.batch import NO_IDS, Batch, OutputSpec, OwnedPast, RowCache
+from muestra.lm.adoption import adopt_past
+from muestra.lm.batch import NO_IDS, Batch, OutputSpec, RowCache
+from muestra.lm.bursts import burst, check_burst_rows
+from muestra.lm.drafts import (
+    check_draft_rows,
+    check_rollback,
+    draft_counts,
+    rolled_back,
+    verify,
+    why_drafts_are_refused,
+)
 from muestra.lm.engine_io import ChunkedPrefill, DecodeInput, Load, PrefillInput, StepResult
-from muestra.lm.hot_tier import HotTier, Resident, common_prefix
+from muestra.lm.hot_tier import HotTier, Resident
 from muestra.lm.lanes import Lanes, join
 from muestra.lm.model import OnnxDecoder
-from muestra.lm.prefix_cache import MIN_SUFFIX
-from muestra.lm.sampling import LmSamplers, SampledRow, pick
+from muestra.lm.sampling import LmSamplers
 from muestra.runtime.errors import InvalidArgument, ResourceExhausted, check_limit
 from muestra.v1 import lm_pb2
 
@@ -209,51 +217,9 @@ class Engine:
         return [r.input_ids.size + (r.past[0].shape[1] if r.past is not None else 0) for r in rows]
 
     def _adopt(self, row: PrefillInput) -> None:
-        """Just before a prompt runs, take the longest past this service holds for it, where it covers more than
-        the past the prompt came with (read on the event loop, before this job's turn): the hot tier as it is
-        now (a turn that left while the prompt waited), or a row still in a batch (a turn that ended but whose
-        Filter has not come yet: the gateway starts a prefill as a request arrives; or a request that shares a
-        prompt with one running), whose KV is copied. The prompt's last MIN_SUFFIX tokens are left to run."""
-        if row.cache is None or self.hot is None:
-            return
-        full = row.history if row.history is not None else row.input_ids
-        have = row.past[0].shape[1] if row.past is not None else 0
-        limit = full.size - MIN_SUFFIX
-        resident, best = self.hot.longest(full, limit)
-        source = None
-        for batch in self.batches.values():
-            for index in range(batch.rows):
-                ids = batch.row_ids(index)
-                if min(len(ids), limit) <= best or ids[0] != full[0]:
-                    continue
-                length = common_prefix(ids, full, limit)
-                if length > best:
-                    best, source = length, (batch, index)
-        if best <= have or best < row.cache.block_size:
-            return
-        if source is not None:
-            batch, index = source
-            row.past = [np.array(a) for a in batch.row_kv(index, best)]
-            known = batch.cache[index]
-        elif self._takes_over(resident, best):
-            # The prompt goes on from the whole of a conversation's turn: it takes the turn's buffer over.
-            row.past = OwnedPast([a[:, :best] for a in resident.kv], self.decoder.storage_cls(list(resident.owner)))
-            known = resident
-        else:
-            row.past = [a[:, :best] for a in resident.kv]  # the tier's arrays are never written
-            known = resident
-        row.history, row.input_ids, row.adopted = full, full[best:], best
-        # Blocks of that past already in the shared tier need no write when this row leaves.
-        if known is not None and known.block_size == row.cache.block_size:
-            stored = min(known.stored_blocks, best // row.cache.block_size)
-            if stored > row.cache.stored_blocks:
-                row.cache = dataclasses.replace(row.cache, stored_blocks=stored)
-
-    def _takes_over(self, resident: Resident, length: int) -> bool:
-        """Whether a prompt that starts with all of `resident` takes its buffer over (removing it from the tier)
-        rather than copying it: a lone row's shared buffer, which its next turn writes on past its end."""
-        whole = length == len(resident.ids) and resident.owner is not None
-        return whole and self.decoder.storage_cls.shares_buffer and self.hot.take(resident)
+        """Just before a prompt runs, the longest past this service holds for it (adoption.py)."""
+        if row.cache is not None and self.hot is not None:
+            adopt_past(row, self.hot, self.batches.values(), self.decoder.storage_cls)
 
     def prefill(self, rows: Sequence[PrefillInput], lease: str = "") -> StepResult:
         for row in rows:
@@ -386,7 +352,7 @@ class Engine:
                     f"batches[{i}].samplers", f"got {len(item.samplers)} samplers for a batch of {batch.rows} rows"
                 )
             self.check_ids(f"batches[{i}].next_ids", item.next_ids)
-            held = batch.lengths - self._check_rollback(i, item, batch)
+            held = batch.lengths - check_rollback(i, item, batch)
             adds = added + self._check_drafts(i, item, batch)
             full = np.flatnonzero(held + adds > self.info.context_length)
             if full.size:
@@ -404,7 +370,7 @@ class Engine:
             )
         pairs = list(zip(items, batches, strict=True))
         lengths = np.concatenate([b.lengths - (i.rollback if i.rollback is not None else 0) for i, b in pairs])
-        lengths += added + np.concatenate([_draft_counts(i, b) for i, b in pairs])
+        lengths += added + np.concatenate([draft_counts(i, b) for i, b in pairs])
         freed = sum(self._sizes[item.batch_id][0] for item in items)
         self._reserve("Decode", freed, self._bytes_for(lengths.tolist()))
 
@@ -416,37 +382,30 @@ class Engine:
         if sampling:
             sampled = [s for item, b in zip(items, batches, strict=True) for s in (item.samplers or [None] * b.rows)]
         if greedy_steps > 1 or sampling:
-            field = "greedy_steps" if greedy_steps > 1 else "samplers"
-            if allowed is not None and any(allowed):
-                raise InvalidArgument(field, "rows with allowed_tokens masks take one step per call, with no samplers")
-            wrong = next(
-                (r for r, (kind, _) in enumerate(specs) if kind != lm_pb2.ARGMAX and (not sampled or not sampled[r])),
-                None,
-            )
-            if greedy_steps > 1 and wrong is not None:
-                raise InvalidArgument(
-                    "greedy_steps", f"every row must want ARGMAX outputs or have a sampler chain; row {wrong} does not"
-                )
+            check_burst_rows(greedy_steps, specs, allowed, sampled)
         drafts = None
         if drafting:
             drafts = [d for item, b in zip(items, batches, strict=True) for d in (item.drafts or [NO_IDS] * b.rows)]
-            self._check_draft_rows(drafts, specs, allowed)
+            check_draft_rows(drafts, specs, allowed)
 
         # Rolled back and joined copies replace the originals only once the step has succeeded.
-        batches = [_rolled_back(self.decoder, item, b) for item, b in zip(items, batches, strict=True)]
+        batches = [rolled_back(self.decoder, item, b) for item, b in zip(items, batches, strict=True)]
         # Rows far longer than their neighbours keep a buffer (a lane) of their own rather than pad them all.
         batch = batches[0] if len(batches) == 1 else join(self.decoder, batches)
         next_ids = np.concatenate([item.next_ids for item in items]).reshape(rows, tokens_per_row)
         if drafts is not None:
-            result = self._verify(batch, next_ids[:, 0], drafts, specs, allowed)
+            result = verify(self.decoder, batch, next_ids[:, 0], drafts, specs, allowed)
             batch.outputs = specs
             result.batch_id = self._store(batch, lease, [item.batch_id for item in items])
             return result
         errors = None
         if greedy_steps > 1 or sampling:
-            logits, forward_us, greedy_ids, errors = self._burst(
-                batch, next_ids, greedy_steps, stop_ids, items, sampled
-            )
+            # A step after the first that fails leaves the batches past what their callers know: they go.
+            given = [item.batch_id for item in items]
+            logits, forward_us, greedy_ids, errors = burst(
+                self.decoder, batch, next_ids, greedy_steps, stop_ids, sampled, self.prefill_waiting,
+                lambda: self._drop(*given),
+            )  # fmt: skip
         else:
             # step() changes the batch only once its forward has succeeded.
             logits, forward_us = batch.step(self.decoder, next_ids)
@@ -460,26 +419,9 @@ class Engine:
             stored, logits, specs, forward_us, allowed, greedy_ids, sampled=sampled, sampler_errors=errors
         )
 
-    def _check_rollback(self, i: int, item: DecodeInput, batch: Batch) -> np.ndarray:
-        """The tokens each row drops before the step (item.rollback, checked), or zeros."""
-        if item.rollback is None:
-            return np.zeros(batch.rows, dtype=np.int64)
-        if item.rollback.size != batch.rows:
-            raise InvalidArgument(
-                f"batches[{i}].rollback", f"got {item.rollback.size} counts for a batch of {batch.rows} rows"
-            )
-        over = np.flatnonzero(item.rollback >= batch.lengths)
-        if over.size:
-            row = int(over[0])
-            raise InvalidArgument(
-                f"batches[{i}].rollback[{row}]",
-                f"row {row} holds {int(batch.lengths[row])} tokens; it cannot drop {int(item.rollback[row])}",
-            )
-        return item.rollback
-
     def _check_drafts(self, i: int, item: DecodeInput, batch: Batch) -> np.ndarray:
         """Each row's number of drafts (checked against the service's limit), or zeros."""
-        counts = _draft_counts(item, batch)
+        counts = draft_counts(item, batch)
         if item.drafts is None:
             return counts
         field = f"batches[{i}].draft_lengths"
@@ -491,86 +433,6 @@ class Engine:
             check_limit(f"{field}[{row}]", count, 0, self.max_draft_tokens)
         self.check_ids(f"batches[{i}].draft_ids", np.concatenate(item.drafts))
         return counts
-
-    def _check_draft_rows(self, drafts: list[np.ndarray], specs: list[OutputSpec], allowed) -> None:
-        for row, draft in enumerate(drafts):
-            if not draft.size:
-                continue
-            if specs[row][0] == lm_pb2.TOP_N:
-                raise InvalidArgument(
-                    "draft_lengths", f"row {row} has drafts and wants TOP_N output (LOGITS or ARGMAX)"
-                )
-            if allowed is not None and allowed[row]:
-                raise InvalidArgument("draft_lengths", f"row {row} has drafts and an allowed_tokens mask")
-
-    def _verify(self, batch: Batch, next_ids: np.ndarray, drafts: list[np.ndarray], specs, allowed) -> StepResult:
-        """One verification step: ARGMAX rows accept their drafts here and drop the rest from the KV; LOGITS
-        rows get every position's logits and keep every draft until their caller's rollback."""
-        per_row, forward_us = batch.verify(self.decoder, next_ids, drafts)
-        last = np.empty((batch.rows, self.info.vocab_size), dtype=np.float32)
-        draft_logits: list[np.ndarray | None] = [None] * batch.rows
-        accepted: list[int | None] = [None] * batch.rows
-        drop = np.zeros(batch.rows, dtype=np.int64)
-        for row, logits in enumerate(per_row):
-            if allowed is None or not allowed[row]:  # a step's mask decides alone for its row
-                batch.suppress_row(logits, row)
-            draft = drafts[row]
-            if not draft.size:
-                last[row] = logits[0]
-            elif specs[row][0] == lm_pb2.ARGMAX:
-                picked = logits.argmax(axis=-1)
-                matches = picked[:-1] == draft
-                taken = int(draft.size if matches.all() else np.argmin(matches))
-                accepted[row] = taken
-                drop[row] = draft.size - taken
-                last[row] = logits[taken]
-            else:
-                last[row], draft_logits[row] = logits[0], logits[1:]
-        batch.rollback(self.decoder, drop)
-        drafted = [int(d.size) for d in drafts]
-        return StepResult("", last, specs, forward_us, allowed, None, draft_logits, accepted, drafted)
-
-    def _burst(
-        self,
-        batch: Batch,
-        next_ids: np.ndarray,
-        steps: int,
-        stop_ids: Sequence[int],
-        items: Sequence[DecodeInput],
-        sampled: list[SampledRow | None] | None,
-    ) -> tuple[np.ndarray, int, np.ndarray, list[str | None] | None]:
-        """Step `batch` up to `steps` times, feeding each row's pick back (its argmax, or its chain's token); the
-        last logits, µs, each row's picks, and each row's chain error. A chain that fails ends the call there."""
-        stops = np.asarray(sorted(set(stop_ids)), dtype=np.int64)
-        stopped = np.zeros(batch.rows, dtype=bool)
-        taken: list[np.ndarray] = []
-        forward_us = 0
-        errors = None
-        for step in range(steps):
-            try:
-                logits, us = batch.step(self.decoder, next_ids)
-            except Exception:
-                if step:  # the batch moved on past what its caller knows: it cannot be stepped again
-                    for item in items:
-                        self._drop(item.batch_id)
-                raise
-            forward_us += us
-            batch.suppress(logits)  # bursts take no allowed-token masks
-            next_ids = logits.argmax(axis=-1)
-            if sampled is not None:
-                picks, errors = pick(sampled, logits)
-                next_ids = np.where(picks >= 0, picks, next_ids)
-            taken.append(next_ids)
-            if errors is not None and any(errors):
-                break  # the failing rows end here; their callers get the error
-            if stops.size:
-                stopped |= np.isin(next_ids, stops)
-                if stopped.all():
-                    break
-            if self.prefill_waiting():
-                break  # a prompt waits for the model thread: it goes after this step, not after the whole burst
-            next_ids = next_ids[:, None]
-        return logits, forward_us, np.stack(taken, axis=1), errors
 
     def filter(self, batch_id: str, rows: Sequence[int], lease: str = "") -> tuple[str, int]:
         batch = self._batch("batch_id", batch_id, lease)
@@ -586,12 +448,13 @@ class Engine:
         self._reserve("Filter", self._sizes[batch_id][0], self._bytes_for(batch.lengths[list(rows)].tolist()))
         return self._store(batch.filter(self.decoder, rows), lease, [batch_id]), len(rows)
 
-    def _drop(self, batch_id: str) -> None:
-        if self.batches.pop(batch_id, None) is not None:
-            del self._leases[batch_id]
-            nbytes, rows = self._sizes.pop(batch_id)
-            self._kv_bytes -= nbytes
-            self._rows -= rows
+    def _drop(self, *batch_ids: str) -> None:
+        for batch_id in batch_ids:
+            if self.batches.pop(batch_id, None) is not None:
+                del self._leases[batch_id]
+                nbytes, rows = self._sizes.pop(batch_id)
+                self._kv_bytes -= nbytes
+                self._rows -= rows
 
     def clear(self, batch_ids: Sequence[str], lease: str = "") -> Load:
         """Free these batches of the lease (unknown ids are ignored: they are already free), or all of its batches."""
@@ -616,31 +479,3 @@ class Engine:
         for batch_id in batch_ids:
             self._drop(batch_id)
         return len(batch_ids), rows
-
-
-def why_drafts_are_refused(decoder: OnnxDecoder) -> str:
-    """Why this graph cannot verify drafts as one token at a time would, or "" when it can."""
-    if not decoder.multi_position_logits:
-        return (
-            "this model's graph gives only its last position's logits, so it cannot verify drafts "
-            "(max_draft_tokens 0; export it again with muestra export-lm)"
-        )
-    if decoder.int8_before_kv:
-        return (
-            f"this graph quantizes activations to int8 before its KV ({decoder.int8_before_kv}), so a drafted "
-            "position's KV would differ from a one-token step's; drafts are refused (max_draft_tokens 0)"
-        )
-    return ""
-
-
-def _draft_counts(item: DecodeInput, batch: Batch) -> np.ndarray:
-    if item.drafts is None:
-        return np.zeros(batch.rows, dtype=np.int64)
-    return np.array([d.size for d in item.drafts], dtype=np.int64)
-
-
-def _rolled_back(decoder: OnnxDecoder, item: DecodeInput, batch: Batch | Lanes) -> Batch | Lanes:
-    """The batch without the tokens its caller rejected: a copy (the original stays until the step succeeded)."""
-    if item.rollback is None or not item.rollback.any():
-        return batch
-    return batch.rolled_back_copy(decoder, item.rollback)

@@ -25,7 +25,7 @@ class PrefillInput:
     history: np.ndarray | None = None
     # What the prefix cache does with the row when it leaves its batch (None: nothing).
     cache: RowCache | None = None
-    # Tokens of its past that the engine found itself at its prefill (Engine._adopt), or 0.
+    # Tokens of its past that the engine found itself at its prefill (adoption.adopt_past), or 0.
     adopted: int = 0
 
 

@@ -1,8 +1,9 @@
-"""The batches the service holds, their limits and their KV budget; every method runs on one thread.
+"""The lm's engine: prefills and steps of the batches it holds, within its limits and its KV budget.
 
-The server calls these methods from a single-thread executor, so model calls are serialized and
-the batch table is never touched concurrently. A request that breaks a limit raises before any
-batch changes; a batch is replaced only after its step succeeded.
+Every method runs on one thread: the server calls them from a single-thread executor, so model calls
+are serialized and the batch table (batch_table.py) is never touched concurrently. A request that
+breaks a limit (limits.py) raises before any batch changes; a batch is replaced only after its step
+succeeded.
 
 Every batch belongs to the lease it was created under (the caller's `x-muestra-lease`, or none):
 only calls under that lease may step, filter or clear it, `release` frees a lease's batches (its
@@ -11,34 +12,23 @@ step stream ended), and `expire` frees batches nobody used for a while (a caller
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from muestra.lm.adoption import adopt_past
-from muestra.lm.batch import NO_IDS, Batch, OutputSpec, RowCache
+from muestra.lm.batch import NO_IDS, Batch, RowCache
+from muestra.lm.batch_table import BatchTable
 from muestra.lm.bursts import burst, check_burst_rows
-from muestra.lm.drafts import (
-    check_draft_rows,
-    check_rollback,
-    draft_counts,
-    rolled_back,
-    verify,
-    why_drafts_are_refused,
-)
+from muestra.lm.drafts import check_draft_rows, draft_counts, rolled_back, verify, why_drafts_are_refused
 from muestra.lm.engine_io import ChunkedPrefill, DecodeInput, Load, PrefillInput, StepResult
 from muestra.lm.hot_tier import HotTier, Resident
 from muestra.lm.lanes import Lanes, join
+from muestra.lm.limits import Limits
 from muestra.lm.model import OnnxDecoder
 from muestra.lm.sampling import LmSamplers
 from muestra.runtime.errors import InvalidArgument, ResourceExhausted, check_limit
 from muestra.v1 import lm_pb2
-
-_KINDS = (lm_pb2.OUTPUT_KIND_UNSPECIFIED, lm_pb2.LOGITS, lm_pb2.TOP_N, lm_pb2.ARGMAX)
-# Distinct suppressed-id sets kept for sharing (usually one per model, or a few with stop ids).
-_SUPPRESSED_SETS = 64
 
 
 class Engine:
@@ -56,23 +46,12 @@ class Engine:
     ) -> None:
         self.decoder = decoder
         self.info = decoder.info
-        self.max_batch_rows = max_batch_rows
+        self.limits = Limits(
+            decoder.info, max_batch_rows, max_top_n, max_tokens_per_row, max_greedy_steps, max_draft_tokens,
+            why_drafts_are_refused(decoder),
+        )  # fmt: skip
         self.kv_budget_bytes = kv_budget_bytes
-        self.max_top_n = max_top_n
-        self.max_tokens_per_row = max_tokens_per_row
-        self.max_greedy_steps = max_greedy_steps
-        # Why this graph cannot verify drafts ("" when it can); then it takes none.
-        self.drafts_refused = why_drafts_are_refused(decoder)
-        self.max_draft_tokens = 0 if self.drafts_refused else max_draft_tokens
-        self.batches: dict[str, Batch | Lanes] = {}
-        self._sizes: dict[str, tuple[int, int]] = {}
-        # batch id -> (lease, time.monotonic() of its last use)
-        self._leases: dict[str, tuple[str, float]] = {}
-        self._kv_bytes = 0
-        # KV reserved for chunked prefills in progress (their batches are not stored yet).
-        self._pending_bytes = 0
-        self._rows = 0
-        self._suppressed_sets: dict[bytes, np.ndarray] = {}
+        self.table = BatchTable()
         # The KV of rows that left, kept within the budget's room (None: none is kept).
         self.hot = hot_tier
         # The sampler chains this service runs for sampled rows (None: it runs none).
@@ -83,65 +62,12 @@ class Engine:
         # RowCache): the shared tier's writes.
         self.on_row_left: Callable[[Resident, RowCache], None] | None = None
 
+    @property
+    def batches(self) -> dict[str, Batch | Lanes]:
+        return self.table.batches
+
     def load(self) -> Load:
-        return Load(len(self.batches), self._rows, self._kv_bytes + self._pending_bytes, self.kv_budget_bytes)
-
-    def check_output(self, field: str, kind: int, top_n: int) -> OutputSpec:
-        if kind not in _KINDS:
-            raise InvalidArgument(f"{field}.kind", f"unknown output kind {kind}")
-        if kind == lm_pb2.TOP_N:
-            check_limit(f"{field}.top_n", top_n, 1, self.max_top_n)
-        return (kind, top_n)
-
-    def check_allowed(self, field: str, allowed: bytes) -> bytes:
-        """An allowed-token bitmask: at most one bit per id (rounded up to 32-bit words), one token at least."""
-        limit = (self.info.vocab_size + 31) // 32 * 4
-        if len(allowed) > limit:
-            raise InvalidArgument(
-                field, f"is {len(allowed)} bytes; a vocabulary of {self.info.vocab_size} takes at most {limit}"
-            )
-        if allowed and not any(allowed):
-            raise InvalidArgument(field, "allows no token")
-        return allowed
-
-    def check_suppressed(self, field: str, ids) -> np.ndarray:
-        """A row's suppressed ids: valid ids, at most one per vocabulary entry; sorted, without repeats."""
-        ids = np.fromiter(ids, dtype=np.int64, count=len(ids))
-        check_limit(field, ids.size, 0, self.info.vocab_size)
-        self.check_ids(field, ids)
-        if not ids.size:
-            return NO_IDS
-        ids = np.unique(ids)
-        # Rows with equal sets share one array, so a step suppresses them with one assignment.
-        key = ids.tobytes()
-        if key not in self._suppressed_sets and len(self._suppressed_sets) >= _SUPPRESSED_SETS:
-            self._suppressed_sets.clear()
-        return self._suppressed_sets.setdefault(key, ids)
-
-    def check_ids(self, field: str, ids: np.ndarray) -> None:
-        if ids.size and int(ids.max()) >= self.info.vocab_size:
-            bad = int(np.argmax(ids >= self.info.vocab_size))
-            raise InvalidArgument(
-                f"{field}[{bad}]", f"token id {int(ids[bad])} is out of range (vocab_size {self.info.vocab_size})"
-            )
-
-    def request_ids(self, batch_ids, lease: str) -> list[str]:
-        """The request ids of the rows of `lease`'s batches among `batch_ids` (for logs)."""
-        ids: list[str] = []
-        for batch_id in batch_ids:
-            batch = self.batches.get(batch_id)
-            if batch is not None and self._leases[batch_id][0] == lease:
-                ids.extend(batch.request_ids)
-        return ids
-
-    def _batch(self, field: str, batch_id: str, lease: str) -> Batch | Lanes:
-        batch = self.batches.get(batch_id)
-        # Another lease's batch is as unknown to this caller as a freed one.
-        if batch is None or self._leases[batch_id][0] != lease:
-            raise InvalidArgument(
-                field, f"unknown batch {batch_id!r} (Decode, Filter and Clear replace or free batches)"
-            )
-        return batch
+        return Load(len(self.batches), self.table.rows, self.table.held_bytes, self.kv_budget_bytes)
 
     def _bytes_for(self, lengths: Sequence[int]) -> int:
         """KV bytes a batch of rows holding these lengths takes in this model's storage."""
@@ -149,7 +75,7 @@ class Engine:
 
     def _reserve(self, call: str, freed: int, needed: int, transient: int = 0) -> None:
         """Raise unless live rows fit the budget after this call; the hot tier gives up what they need."""
-        held = self._kv_bytes + self._pending_bytes - freed
+        held = self.table.held_bytes - freed
         after = held + needed
         if after + transient > self.kv_budget_bytes:
             extra = f" plus {transient} bytes of prefill logits" if transient else ""
@@ -180,41 +106,13 @@ class Engine:
                 owner = batch.kv.values if alone else None
                 nbytes = batch.nbytes if alone else 0
                 resident = self.hot.keep(ids, kv, cache.block_size, cache.stored_blocks, owner, nbytes)
-                self._make_room(self._kv_bytes + self._pending_bytes)
+                self._make_room(self.table.held_bytes)
             else:
                 copied = tuple(np.array(a, order="C", copy=True) for a in kv)
                 nbytes = sum(a.nbytes for a in copied)
                 resident = Resident(ids.copy(), copied, nbytes, cache.block_size, cache.stored_blocks)
             if self.on_row_left is not None:
                 self.on_row_left(resident, cache)
-
-    def _store(self, batch: Batch, lease: str, replaces: Sequence[str] = ()) -> str:
-        for old in replaces:
-            self._drop(old)
-        batch_id = uuid.uuid4().hex[:16]
-        self.batches[batch_id] = batch
-        self._leases[batch_id] = (lease, time.monotonic())
-        # Sizes as stored: a Decode grows its batch in place before the old entry is dropped.
-        self._sizes[batch_id] = (batch.nbytes, batch.rows)
-        self._kv_bytes += batch.nbytes
-        self._rows += batch.rows
-        return batch_id
-
-    def _check_prompts(self, rows: Sequence[PrefillInput]) -> list[int]:
-        """Each row's length once prefilled; raises when a prompt is empty, too long or holds a bad id."""
-        check_limit("rows", len(rows), 1, self.max_batch_rows)
-        context = self.info.context_length
-        for i, row in enumerate(rows):
-            field = f"rows[{i}].input_ids"
-            if row.input_ids.size == 0:
-                raise InvalidArgument(field, "the prompt is empty")
-            held = row.input_ids.size + (row.past[0].shape[1] if row.past is not None else 0)
-            if held >= context:
-                raise InvalidArgument(
-                    field, f"the prompt has {held} tokens; it must be shorter than the context length {context}"
-                )
-            self.check_ids(field, row.input_ids)
-        return [r.input_ids.size + (r.past[0].shape[1] if r.past is not None else 0) for r in rows]
 
     def _adopt(self, row: PrefillInput) -> None:
         """Just before a prompt runs, the longest past this service holds for it (adoption.py)."""
@@ -224,7 +122,7 @@ class Engine:
     def prefill(self, rows: Sequence[PrefillInput], lease: str = "") -> StepResult:
         for row in rows:
             self._adopt(row)
-        lengths = self._check_prompts(rows)
+        lengths = self.limits.check_prompts(rows)
         fresh = [r.input_ids.size for r in rows if r.past is None]
         transient = 0
         if self.decoder.logits_all and fresh:
@@ -242,17 +140,17 @@ class Engine:
         )
         allowed = [r.allowed for r in rows]
         batch.suppress(logits, [bool(a) for a in allowed])
-        return StepResult(self._store(batch, lease), logits, batch.outputs, forward_us, allowed)
+        return StepResult(self.table.store(batch, lease), logits, batch.outputs, forward_us, allowed)
 
     def begin_prefill(self, row: PrefillInput, lease: str, chunk_tokens: int) -> ChunkedPrefill:
         """A one-row prefill run `chunk_tokens` at a time by prefill_chunk (other calls may run between two
         chunks); its whole KV is reserved now, so no chunk can fail for want of room."""
         self._adopt(row)
-        (length,) = self._check_prompts([row])
+        (length,) = self.limits.check_prompts([row])
         transient = chunk_tokens * self.info.vocab_size * 4 if self.decoder.logits_all else 0
         needed = self._bytes_for([length])
         self._reserve("Prefill", 0, needed, transient)
-        self._pending_bytes += needed
+        self.table.pending_bytes += needed
         return ChunkedPrefill(row, lease, chunk_tokens, length, needed)
 
     def prefill_chunk(self, job: ChunkedPrefill) -> StepResult | None:
@@ -272,19 +170,19 @@ class Engine:
         job.done, job.forward_us, job.chunks = end, job.forward_us + us, job.chunks + 1
         if end < row.input_ids.size:
             return None
-        self._pending_bytes -= job.reserved
+        self.table.pending_bytes -= job.reserved
         job.reserved = 0
         batch = job.batch
         batch.suppress(logits, [bool(row.allowed)])
-        job.batch_id = self._store(batch, job.lease)
+        job.batch_id = self.table.store(batch, job.lease)
         return StepResult(job.batch_id, logits, batch.outputs, job.forward_us, [row.allowed])
 
     def abandon_prefill(self, job: ChunkedPrefill) -> None:
         """The caller of a chunked prefill left: free what it holds (its reservation, or its finished batch)."""
-        self._pending_bytes -= job.reserved
+        self.table.pending_bytes -= job.reserved
         job.reserved = 0
         if job.batch_id:
-            self._drop(job.batch_id)
+            self.table.drop(job.batch_id)
         job.batch = None
 
     def decode(
@@ -317,8 +215,8 @@ class Engine:
     ) -> StepResult:
         if not items:
             raise InvalidArgument("batches", "give at least one batch")
-        check_limit("tokens_per_row", tokens_per_row, 1, self.max_tokens_per_row)
-        check_limit("greedy_steps", greedy_steps, 1, self.max_greedy_steps)
+        check_limit("tokens_per_row", tokens_per_row, 1, self.limits.max_tokens_per_row)
+        check_limit("greedy_steps", greedy_steps, 1, self.limits.max_greedy_steps)
         if greedy_steps > 1 and tokens_per_row > 1:
             raise InvalidArgument("greedy_steps", "needs tokens_per_row 1 (feed forced tokens in a call of their own)")
         drafting = any(item.drafts is not None for item in items)
@@ -337,41 +235,18 @@ class Engine:
             if item.batch_id in seen:
                 raise InvalidArgument(f"batches[{i}].batch_id", f"batch {item.batch_id!r} is listed twice")
             seen.add(item.batch_id)
-            batch = self._batch(f"batches[{i}].batch_id", item.batch_id, lease)
-            if item.next_ids.size != batch.rows * tokens_per_row:
-                per_row = f" x {tokens_per_row} tokens_per_row" if tokens_per_row > 1 else ""
-                raise InvalidArgument(
-                    f"batches[{i}].next_ids", f"got {item.next_ids.size} ids for a batch of {batch.rows} rows{per_row}"
-                )
-            if item.outputs is not None and len(item.outputs) != batch.rows:
-                raise InvalidArgument(
-                    f"batches[{i}].outputs", f"got {len(item.outputs)} specs for a batch of {batch.rows} rows"
-                )
-            if item.samplers is not None and len(item.samplers) != batch.rows:
-                raise InvalidArgument(
-                    f"batches[{i}].samplers", f"got {len(item.samplers)} samplers for a batch of {batch.rows} rows"
-                )
-            self.check_ids(f"batches[{i}].next_ids", item.next_ids)
-            held = batch.lengths - check_rollback(i, item, batch)
-            adds = added + self._check_drafts(i, item, batch)
-            full = np.flatnonzero(held + adds > self.info.context_length)
-            if full.size:
-                row = int(full[0])
-                raise InvalidArgument(
-                    f"batches[{i}].next_ids",
-                    f"row {row} holds {int(held[row])} tokens; {int(adds[row])} more would "
-                    f"pass the context length {self.info.context_length}",
-                )
+            batch = self.table.get(f"batches[{i}].batch_id", item.batch_id, lease)
+            self.limits.check_decode_batch(i, item, batch, tokens_per_row, added)
             batches.append(batch)
         rows = sum(b.rows for b in batches)
-        if rows > self.max_batch_rows:
+        if rows > self.limits.max_batch_rows:
             raise InvalidArgument(
-                "batches", f"the batches hold {rows} rows together; max_batch_rows is {self.max_batch_rows}"
+                "batches", f"the batches hold {rows} rows together; max_batch_rows is {self.limits.max_batch_rows}"
             )
         pairs = list(zip(items, batches, strict=True))
         lengths = np.concatenate([b.lengths - (i.rollback if i.rollback is not None else 0) for i, b in pairs])
         lengths += added + np.concatenate([draft_counts(i, b) for i, b in pairs])
-        freed = sum(self._sizes[item.batch_id][0] for item in items)
+        freed = sum(self.table.stored_bytes(item.batch_id) for item in items)
         self._reserve("Decode", freed, self._bytes_for(lengths.tolist()))
 
         specs = [s for item, b in zip(items, batches, strict=True) for s in (item.outputs or b.outputs)]
@@ -396,7 +271,7 @@ class Engine:
         if drafts is not None:
             result = verify(self.decoder, batch, next_ids[:, 0], drafts, specs, allowed)
             batch.outputs = specs
-            result.batch_id = self._store(batch, lease, [item.batch_id for item in items])
+            result.batch_id = self.table.store(batch, lease, [item.batch_id for item in items])
             return result
         errors = None
         if greedy_steps > 1 or sampling:
@@ -404,7 +279,7 @@ class Engine:
             given = [item.batch_id for item in items]
             logits, forward_us, greedy_ids, errors = burst(
                 self.decoder, batch, next_ids, greedy_steps, stop_ids, sampled, self.prefill_waiting,
-                lambda: self._drop(*given),
+                lambda: self.table.drop(*given),
             )  # fmt: skip
         else:
             # step() changes the batch only once its forward has succeeded.
@@ -412,70 +287,40 @@ class Engine:
             batch.suppress(logits, None if allowed is None else [bool(a) for a in allowed])
             greedy_ids = None
         batch.outputs = specs
-        stored = self._store(batch, lease, [item.batch_id for item in items])
+        stored = self.table.store(batch, lease, [item.batch_id for item in items])
         if sampled is not None:  # a sampled row's tokens are in greedy_ids: no logits to ship
             specs = [(lm_pb2.ARGMAX, 0) if row is not None else spec for row, spec in zip(sampled, specs, strict=True)]
         return StepResult(
             stored, logits, specs, forward_us, allowed, greedy_ids, sampled=sampled, sampler_errors=errors
         )
 
-    def _check_drafts(self, i: int, item: DecodeInput, batch: Batch) -> np.ndarray:
-        """Each row's number of drafts (checked against the service's limit), or zeros."""
-        counts = draft_counts(item, batch)
-        if item.drafts is None:
-            return counts
-        field = f"batches[{i}].draft_lengths"
-        if len(item.drafts) != batch.rows:
-            raise InvalidArgument(field, f"got {len(item.drafts)} lengths for a batch of {batch.rows} rows")
-        if self.max_draft_tokens == 0:
-            raise InvalidArgument(field, self.drafts_refused or "this service runs with max_draft_tokens 0")
-        for row, count in enumerate(counts.tolist()):
-            check_limit(f"{field}[{row}]", count, 0, self.max_draft_tokens)
-        self.check_ids(f"batches[{i}].draft_ids", np.concatenate(item.drafts))
-        return counts
-
     def filter(self, batch_id: str, rows: Sequence[int], lease: str = "") -> tuple[str, int]:
-        batch = self._batch("batch_id", batch_id, lease)
-        check_limit("rows", len(rows), 0, self.max_batch_rows)
+        batch = self.table.get("batch_id", batch_id, lease)
+        check_limit("rows", len(rows), 0, self.limits.max_batch_rows)
         for i, r in enumerate(rows):
             if r >= batch.rows:
                 raise InvalidArgument(f"rows[{i}]", f"row {r} is out of range for a batch of {batch.rows} rows")
         kept = set(rows)
         self._leave(batch, [r for r in range(batch.rows) if r not in kept], freed=not rows)
         if not rows:
-            self._drop(batch_id)
+            self.table.drop(batch_id)
             return "", 0
-        self._reserve("Filter", self._sizes[batch_id][0], self._bytes_for(batch.lengths[list(rows)].tolist()))
-        return self._store(batch.filter(self.decoder, rows), lease, [batch_id]), len(rows)
-
-    def _drop(self, *batch_ids: str) -> None:
-        for batch_id in batch_ids:
-            if self.batches.pop(batch_id, None) is not None:
-                del self._leases[batch_id]
-                nbytes, rows = self._sizes.pop(batch_id)
-                self._kv_bytes -= nbytes
-                self._rows -= rows
+        self._reserve("Filter", self.table.stored_bytes(batch_id), self._bytes_for(batch.lengths[list(rows)].tolist()))
+        return self.table.store(batch.filter(self.decoder, rows), lease, [batch_id]), len(rows)
 
     def clear(self, batch_ids: Sequence[str], lease: str = "") -> Load:
         """Free these batches of the lease (unknown ids are ignored: they are already free), or all of its batches."""
         for batch_id in list(batch_ids or self.batches):
-            if batch_id in self._leases and self._leases[batch_id][0] == lease:
+            if self.table.owns(lease, batch_id):
                 batch = self.batches[batch_id]
-                self._drop(batch_id)
+                self.table.drop(batch_id)
                 self._leave(batch, range(batch.rows), freed=True)
         return self.load()
 
     def release(self, lease: str) -> tuple[int, int]:
-        """Free every batch of a lease; how many batches and rows that freed."""
-        return self._free([b for b, (owner, _) in self._leases.items() if owner == lease])
+        """Free every batch of a lease (its step stream ended); how many batches and rows that freed."""
+        return self.table.release(lease)
 
     def expire(self, idle_s: float) -> tuple[int, int]:
-        """Free the batches unused for idle_s seconds; how many batches and rows that freed."""
-        cutoff = time.monotonic() - idle_s
-        return self._free([b for b, (_, used_at) in self._leases.items() if used_at < cutoff])
-
-    def _free(self, batch_ids: list[str]) -> tuple[int, int]:
-        rows = sum(self.batches[b].rows for b in batch_ids)
-        for batch_id in batch_ids:
-            self._drop(batch_id)
-        return len(batch_ids), rows
+        """Free the batches unused for idle_s seconds (their caller left); how many batches and rows that freed."""
+        return self.table.expire(idle_s)

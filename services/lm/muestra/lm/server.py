@@ -176,24 +176,25 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
                 storage=info.storage,
             ),
             load=_load(self.engine.load()),
-            max_batch_rows=self.engine.max_batch_rows,
+            max_batch_rows=self.engine.limits.max_batch_rows,
             generation_config_json=info.generation_config_json,
-            max_greedy_steps=self.engine.max_greedy_steps,
-            max_draft_tokens=self.engine.max_draft_tokens,
+            max_greedy_steps=self.engine.limits.max_greedy_steps,
+            max_draft_tokens=self.engine.limits.max_draft_tokens,
             samplers=self.engine.samplers.sources() if self.engine.samplers is not None else [],
             row_invariant=self.engine.decoder.row_invariant,
         )
 
     async def Prefill(self, request, context) -> lm_pb2.PrefillResponse:
         started = time.perf_counter()
-        check_limit("rows", len(request.rows), 1, self.engine.max_batch_rows)
+        limits = self.engine.limits
+        check_limit("rows", len(request.rows), 1, limits.max_batch_rows)
         rows = [
             PrefillInput(
                 request_id=row.request_id,
                 input_ids=_ids(row.input_ids),
-                output=self.engine.check_output(f"rows[{i}].output", row.output.kind, row.output.top_n),
-                allowed=self.engine.check_allowed(f"rows[{i}].output.allowed_tokens", row.output.allowed_tokens),
-                suppressed=self.engine.check_suppressed(f"rows[{i}].suppressed_token_ids", row.suppressed_token_ids),
+                output=limits.check_output(f"rows[{i}].output", row.output.kind, row.output.top_n),
+                allowed=limits.check_allowed(f"rows[{i}].output.allowed_tokens", row.output.allowed_tokens),
+                suppressed=limits.check_suppressed(f"rows[{i}].suppressed_token_ids", row.suppressed_token_ids),
             )
             for i, row in enumerate(request.rows)
         ]
@@ -313,7 +314,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
             if not pb_row.HasField("prefix"):
                 pending.append(None)
                 continue
-            self.engine.check_ids(f"rows[{i}].input_ids", row.input_ids)
+            self.engine.limits.check_ids(f"rows[{i}].input_ids", row.input_ids)
             prefix = pb_row.prefix
             checked = cache.check(
                 f"rows[{i}].prefix", row.input_ids, prefix.block_size, prefix.block_hashes,
@@ -361,15 +362,15 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
 
     async def Decode(self, request, context) -> lm_pb2.DecodeResponse:
         started = time.perf_counter()
-        check_limit("batches", len(request.batches), 1, self.engine.max_batch_rows)
+        check_limit("batches", len(request.batches), 1, self.engine.limits.max_batch_rows)
         items = []
         for i, batch in enumerate(request.batches):
             specs = [
-                self.engine.check_output(f"batches[{i}].outputs[{j}]", spec.kind, spec.top_n)
+                self.engine.limits.check_output(f"batches[{i}].outputs[{j}]", spec.kind, spec.top_n)
                 for j, spec in enumerate(batch.outputs)
             ]
             allowed = [
-                self.engine.check_allowed(f"batches[{i}].outputs[{j}].allowed_tokens", spec.allowed_tokens)
+                self.engine.limits.check_allowed(f"batches[{i}].outputs[{j}].allowed_tokens", spec.allowed_tokens)
                 for j, spec in enumerate(batch.outputs)
             ]
             items.append(
@@ -420,7 +421,7 @@ class LanguageModelServicer(lm_pb2_grpc.LanguageModelServicer):
         try:
             async for request in until_drained(request_iterator):
                 # One stream serves many requests: each step's log lines name the requests of its rows.
-                with request_id_scope(joined_request_ids(self.engine.request_ids(_batch_ids(request), lease))):
+                with request_id_scope(joined_request_ids(self.engine.table.request_ids(_batch_ids(request), lease))):
                     reply = await self._batch_step(request, context)
                 yield reply
         finally:
@@ -504,8 +505,8 @@ def load_engine(config: LmConfig) -> Engine:
     )  # fmt: skip
     if config.samplers:
         engine.samplers = LmSamplers.load(ModelInfo(info.vocab_size, tuple(info.eos_token_ids), info.context_length))
-    if engine.drafts_refused:
-        log.info("drafts off: %s", engine.drafts_refused)
+    if engine.limits.drafts_refused:
+        log.info("drafts off: %s", engine.limits.drafts_refused)
     return engine
 
 

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from muestra.gateway.proposers.ngram import lookup
+from muestra.gateway.engine.proposers.ngram import lookup
 from muestra.plugin import ADAPTIVE, MAX_DRAFT_TOKENS, DraftProposer, Int, hookimpl
 
 

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from muestra.gateway.sampling import ModelInfo, SamplerRegistry, new_rows, sample_next_tokens, validate_chain
+from muestra.gateway.engine.sampling import ModelInfo, SamplerRegistry, new_rows, sample_next_tokens, validate_chain
 from muestra.plugin import softmax
 
 

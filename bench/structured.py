@@ -172,7 +172,7 @@ def engine_costs(folder: Path, replay: list[int], vocab: int, eos: list[int]) ->
     """Compile time of the schema, and per-token mask and advance times over `replay` (llguidance in process)."""
     import llguidance
 
-    from muestra.gateway.constraints.engine import JSON_OPTIONS, RowConstraint, fill_masks
+    from muestra.gateway.engine.constraints.engine import JSON_OPTIONS, RowConstraint, fill_masks
 
     tokenizer = llguidance.LLTokenizer((folder / "tokenizer.json").read_text(), n_vocab=vocab, eos_token=eos)
     grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults=JSON_OPTIONS)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from muestra.client import Client
-from muestra.gateway.constraints.engine import CompiledConstraint, fill_masks, grammar_text, token_bytes
-from muestra.gateway.constraints.json_text import JsonTokens
+from muestra.gateway.engine.constraints.engine import CompiledConstraint, fill_masks, grammar_text, token_bytes
+from muestra.gateway.engine.constraints.json_text import JsonTokens
 from muestra.plugin import Grammar
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "models" / "tiny-text-fixture" / "tokenizer.json"

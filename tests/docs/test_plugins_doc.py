@@ -75,7 +75,7 @@ def test_the_testing_example_names_tests_the_example_plugin_has():
 
 def test_the_example_plugin_loads_without_error_and_registers_what_the_doc_shows():
     """The guide's plugin is installed, loads and registers its one sampler: not skipped as a failure."""
-    from muestra.gateway.sampling import SamplerRegistry
+    from muestra.gateway.engine.sampling import SamplerRegistry
 
     plugins = {plugin.name: plugin for plugin in SamplerRegistry.load(env={}).plugins()}
     assert "mirostat" in plugins, "the example plugin is not installed (pip install -e plugins/mirostat)"
@@ -91,13 +91,13 @@ def test_the_listing_command_runs_and_lists_the_example_plugin():
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "muestra.gateway.sampling"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "muestra.gateway.engine.sampling"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     # The plugin's row names the sampler it registered, not "(disabled)".
     assert re.search(r"^mirostat +muestra-mirostat +\S+ +mirostat$", done.stdout, re.M), done.stdout
     disabled = subprocess.run(
-        [sys.executable, "-m", "muestra.gateway.sampling"],
+        [sys.executable, "-m", "muestra.gateway.engine.sampling"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -27,7 +27,7 @@ def test_the_plugin_is_the_choice_plugins_own_code():
 
 
 def test_the_listed_kinds_are_the_registered_ones():
-    from muestra.gateway.constraints.registry import ConstraintRegistry
+    from muestra.gateway.engine.constraints.registry import ConstraintRegistry
 
     listed = re.findall(r"^\| `(\w+)` \|", DOC.split("## The kinds", 1)[1].split("##", 1)[0], re.M)
     assert sorted(listed) == ConstraintRegistry.load(env={}).names()

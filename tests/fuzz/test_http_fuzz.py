@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from muestra.gateway.openai.response_bodies import ResponsesRequest, TextOptions
-from muestra.gateway.openai.schemas import (
+from muestra.gateway.http.openai.response_bodies import ResponsesRequest, TextOptions
+from muestra.gateway.http.openai.schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,

@@ -349,7 +349,7 @@ def _grpc_cases(stack) -> dict[str, tuple]:
 
 def _route_table() -> list[str]:
     """Every route of the HTTP app as "METHODS path", sorted (the app built without a servicer: routes only)."""
-    from muestra.gateway.openai.app import create_app
+    from muestra.gateway.http.app import create_app
 
     def walk(routes, prefix: str = ""):
         for route in routes:

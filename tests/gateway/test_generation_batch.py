@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import types
 
-from muestra.gateway.generation.batch import Joining, RunningBatch, decode_batch, filter_plan, groups, requests
-from muestra.gateway.generation.request import BeamGroup, BeamRow, GenerationRequest, Sequence
+from muestra.gateway.engine.generation.batch import Joining, RunningBatch, decode_batch, filter_plan, groups, requests
+from muestra.gateway.engine.generation.request import BeamGroup, BeamRow, GenerationRequest, Sequence
 from muestra.v1 import gateway_pb2, lm_pb2
 
 

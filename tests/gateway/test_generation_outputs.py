@@ -13,10 +13,10 @@ import json
 import numpy as np
 import pytest
 
-from muestra.gateway.generation import outputs
-from muestra.gateway.generation.outputs import OutputProcessor
-from muestra.gateway.generation.request import GenerationRequest, Sequence
-from muestra.gateway.sampling import ModelInfo, new_rows, validate_chain
+from muestra.gateway.engine.generation import outputs
+from muestra.gateway.engine.generation.outputs import OutputProcessor
+from muestra.gateway.engine.generation.request import GenerationRequest, Sequence
+from muestra.gateway.engine.sampling import ModelInfo, new_rows, validate_chain
 from muestra.v1 import gateway_pb2, lm_pb2
 
 VOCAB = 64

@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-from muestra.gateway.generation.detokenizer import Detokenizer
-from muestra.gateway.generation.progress import Progress
-from muestra.gateway.generation.request import GenerationRequest, Sequence
-from muestra.gateway.generation.step_policy import (
+from muestra.gateway.engine.generation.detokenizer import Detokenizer
+from muestra.gateway.engine.generation.progress import Progress
+from muestra.gateway.engine.generation.request import GenerationRequest, Sequence
+from muestra.gateway.engine.generation.step_policy import (
     StepPolicy,
     row_invariant,
     stop_ids,

@@ -9,8 +9,8 @@ import types
 
 import numpy as np
 
-from muestra.gateway.generation.request import GenerationRequest, Sequence
-from muestra.gateway.generation.speculation import (
+from muestra.gateway.engine.generation.request import GenerationRequest, Sequence
+from muestra.gateway.engine.generation.speculation import (
     CREDIT,
     DEBT,
     FIRST_PAUSE,
@@ -21,8 +21,8 @@ from muestra.gateway.generation.speculation import (
     SpeculationPolicy,
     eligible,
 )
-from muestra.gateway.proposers.ngram import NgramProposer, lookup, quiet_tokens
-from muestra.gateway.proposers.registry import Speculation
+from muestra.gateway.engine.proposers.ngram import NgramProposer, lookup, quiet_tokens
+from muestra.gateway.engine.proposers.registry import Speculation
 from muestra.plugin import DraftRow, RowContext
 from muestra.v1 import lm_pb2
 

@@ -1,4 +1,4 @@
-"""Chunked bodies read ahead of h11 (muestra.gateway.openai.framing) give h11 the same body, trailers and refusals
+"""Chunked bodies read ahead of h11 (muestra.gateway.http.framing) give h11 the same body, trailers and refusals
 as the client's own framing would, whatever the chunk sizes and however the bytes arrive."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import h11
 import pytest
 
-from muestra.gateway.openai.framing import ChunkedBody, block_end
+from muestra.gateway.http.framing import ChunkedBody, block_end
 
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
 

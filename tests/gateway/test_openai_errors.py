@@ -13,7 +13,7 @@ import urllib.request
 import openai
 import pytest
 
-from muestra.gateway.openai.text import TextRun
+from muestra.gateway.http.openai.text import TextRun
 from muestra.v1 import gateway_pb2
 from tests.harness import free_port
 
@@ -233,8 +233,8 @@ async def _fake_messages():
 
 
 def test_an_error_after_the_stream_started_is_an_error_event_then_done():
-    from muestra.gateway.openai.convert import chat_request
-    from muestra.gateway.openai.schemas import ChatCompletionRequest
+    from muestra.gateway.http.openai.convert import chat_request
+    from muestra.gateway.http.openai.schemas import ChatCompletionRequest
 
     body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True)
     request, renames = chat_request(body)

@@ -21,7 +21,7 @@ import pytest
 from fastapi.routing import iter_route_contexts
 from PIL import Image
 
-from muestra.gateway.openai import create_app
+from muestra.gateway.http import create_app
 from muestra.plugin.builtins import BUILTIN_SAMPLER_MODULES
 from muestra.v1 import gateway_pb2
 from tests.fixtures.prefix_cache import wait_until

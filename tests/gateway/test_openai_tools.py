@@ -20,8 +20,8 @@ import openai
 import pydantic
 import pytest
 
-from muestra.gateway.openai.tools import ToolCallDeltas, message_with_calls
-from muestra.gateway.tool_calls import CALL_END, CALL_START, SEPARATOR, TRIGGER, tool_call_grammar
+from muestra.gateway.engine.tool_calls import CALL_END, CALL_START, SEPARATOR, TRIGGER, tool_call_grammar
+from muestra.gateway.http.openai.tools import ToolCallDeltas, message_with_calls
 from muestra.v1 import common_pb2, gateway_pb2
 from tests.fixtures.structured import TEXT_FIXTURE
 

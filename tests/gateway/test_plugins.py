@@ -13,7 +13,7 @@ import numpy as np
 import pluggy
 import pytest
 
-from muestra.gateway.sampling import ModelInfo, SamplerRegistry, new_rows, sample_next_tokens, validate_chain
+from muestra.gateway.engine.sampling import ModelInfo, SamplerRegistry, new_rows, sample_next_tokens, validate_chain
 from muestra.plugin import REQUIRED, Int, LogitsProcessor, TokenSelector, hookimpl, hookspecs
 from muestra.plugin.builtins import BUILTIN_SAMPLER_MODULES
 from muestra.runtime.errors import InvalidArgument

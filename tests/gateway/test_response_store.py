@@ -12,9 +12,9 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from muestra.gateway.openai.response_items import chat_messages, responses_param
-from muestra.gateway.openai.response_routes import EventStream
-from muestra.gateway.openai.response_store import MemoryStore, owner_of
+from muestra.gateway.http.openai.response_items import chat_messages, responses_param
+from muestra.gateway.http.openai.response_routes import EventStream
+from muestra.gateway.http.openai.response_store import MemoryStore, owner_of
 
 
 def test_the_memory_store_keeps_each_owners_records_for_the_ttl_and_the_latest_only():

@@ -57,7 +57,7 @@ def test_requests_not_yet_streaming_move_to_a_live_replica_when_one_dies(two_rep
 
 
 def test_a_sequence_goes_to_the_replica_holding_its_longest_prefix_else_to_its_key():
-    from muestra.gateway.generation.routing import SequenceAffinity
+    from muestra.gateway.engine.generation.routing import SequenceAffinity
 
     table = SequenceAffinity("fingerprint", block_size=4)
     system = list(range(100, 110))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
-from muestra.gateway.sampling import ModelInfo
+from muestra.gateway.engine.sampling import ModelInfo
 from muestra.plugin import RowContext
 
 VOCAB = 1000

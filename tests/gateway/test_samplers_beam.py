@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from muestra.gateway.sampling import ModelInfo, SearchRequest, run_search, validate_chain
+from muestra.gateway.engine.sampling import ModelInfo, SearchRequest, run_search, validate_chain
 from muestra.plugin.builtins.beam_search import BeamSearch
 
 PAD = 1

@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation import logits_process as hf
 
-from muestra.gateway.sampling import (
+from muestra.gateway.engine.sampling import (
     ModelInfo,
     default_chain,
     default_specs,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from muestra.client import Client
-from muestra.gateway.proposers.ngram import lookup
+from muestra.gateway.engine.proposers.ngram import lookup
 from tests.harness import free_port
 
 # Draft at every step, from any earlier occurrence of the last token: the tiny random models accept few of

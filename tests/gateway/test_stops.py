@@ -2,7 +2,7 @@
 
 import pytest
 
-from muestra.gateway.generation.stops import StopStringMatcher
+from muestra.gateway.engine.generation.stops import StopStringMatcher
 
 
 def stream(matcher: StopStringMatcher, pieces: list[str]) -> str:

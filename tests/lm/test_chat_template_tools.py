@@ -8,7 +8,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from muestra.gateway.tool_calls import parse_tool_calls
+from muestra.gateway.engine.tool_calls import parse_tool_calls
 from muestra.lm.export.chat_template import with_tool_calling
 from muestra.tokenizer.chat import ChatTemplate
 from tests.fixtures.tokenizers import (

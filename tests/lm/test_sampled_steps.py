@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
-from muestra.gateway.sampling import ModelInfo, SamplerRegistry, new_rows, sample_next_tokens, validate_chain
+from muestra.gateway.engine.sampling import ModelInfo, SamplerRegistry, new_rows, sample_next_tokens, validate_chain
 from muestra.lm.sampling import LmChain, LmSamplers, SampledRow, pick
 from muestra.plugin import RowContext, TokenSelector
 from muestra.v1 import lm_pb2

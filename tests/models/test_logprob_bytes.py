@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from muestra.gateway.generation.detokenizer import readable_token
+from muestra.gateway.engine.generation.detokenizer import readable_token
 from tests.fixtures.default_model import default_model_stack  # noqa: F401 - the fixture
 
 PROMPT = "Reply with: 😬 東京 ✓"

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
-from muestra.gateway.sampling.chain import default_specs
+from muestra.gateway.engine.sampling.chain import default_specs
 from muestra.lm.export.checks import last_position
 from muestra.v1 import lm_pb2, lm_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from tests.harness import ServiceProcess

@@ -18,10 +18,10 @@ import pytest
 from google.protobuf import json_format
 from PIL import Image
 
-from muestra.gateway.sampling import default_specs
+from muestra.gateway.engine.sampling import default_specs
 from muestra.v1 import gateway_pb2
 
-STATIC = resources.files("muestra.gateway.playground") / "static"
+STATIC = resources.files("muestra.gateway.http.playground") / "static"
 SEED = 1234
 CHAT_TEXT = "Tell me about lighthouses."
 

@@ -49,8 +49,8 @@ def _constraint(name: str, description: str, parameter_schema: dict) -> dict:
 
 def _local() -> list[dict]:
     try:
-        from muestra.gateway.constraints.registry import ConstraintRegistry
-        from muestra.gateway.sampling import SamplerRegistry
+        from muestra.gateway.engine.constraints.registry import ConstraintRegistry
+        from muestra.gateway.engine.sampling import SamplerRegistry
     except ImportError:
         raise CliError("muestra-gateway is not installed here; ask a gateway with --gateway ADDRESS") from None
     registry = SamplerRegistry.load()
@@ -75,7 +75,7 @@ def _local() -> list[dict]:
         row["constraints"] += [
             _constraint(e.name, e.constraint.description, e.constraint.parameter_schema) for e in entries
         ]
-    from muestra.gateway.proposers.registry import ProposerRegistry
+    from muestra.gateway.engine.proposers.registry import ProposerRegistry
 
     for entry in ProposerRegistry.load().list():
         row = rows.setdefault(entry.plugin, _row(entry.plugin, entry.distribution, entry.version, False, [], []))

@@ -7,10 +7,10 @@ import asyncio
 import logging
 import time
 
-from muestra.gateway.backends import BackendError, ModelRegistry
 from muestra.gateway.config import GatewayConfig
-from muestra.gateway.sampling import SamplerRegistry
-from muestra.gateway.server import GatewayServicer
+from muestra.gateway.engine.backends import BackendError, ModelRegistry
+from muestra.gateway.engine.sampling import SamplerRegistry
+from muestra.gateway.rpc.server import GatewayServicer
 from muestra.runtime import ServiceSpec, load_config, run_service
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
             log.info("API keys required (%d configured)", len(keys))
         if config.http_port >= 0:
             # Imported here: with the HTTP API off, the gateway does not load FastAPI at all.
-            from muestra.gateway.openai import start_http_api
+            from muestra.gateway.http import start_http_api
 
             http_servers.append(await start_http_api(servicer, config, keys))
         return [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from muestra.gateway.generation.kv_admission import KvBudget
-from muestra.gateway.prefix import LookupHealth, PrefixLookup, open_redis
+from muestra.gateway.engine.generation.kv_admission import KvBudget
+from muestra.gateway.engine.prefix import LookupHealth, PrefixLookup, open_redis
 from muestra.runtime.channels import service_channel
 from muestra.runtime.errors import NotFound
 from muestra.runtime.logs import without_password

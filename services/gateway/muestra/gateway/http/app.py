@@ -9,13 +9,13 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from muestra.gateway import a1111, playground
-from muestra.gateway.openai import listings, response_routes, routes, state
-from muestra.gateway.openai.edge import Edge
-from muestra.gateway.openai.errors import OpenAIError, from_validation
-from muestra.gateway.openai.response_store import MemoryStore
-from muestra.gateway.openai.state import Servicer
-from muestra.gateway.server import GatewayServicer
+from muestra.gateway.http import a1111, playground, state
+from muestra.gateway.http.edge import Edge
+from muestra.gateway.http.errors import OpenAIError, from_validation
+from muestra.gateway.http.openai import listings, response_routes, routes
+from muestra.gateway.http.openai.response_store import MemoryStore
+from muestra.gateway.http.state import Servicer
+from muestra.gateway.rpc.server import GatewayServicer
 
 service = APIRouter()
 

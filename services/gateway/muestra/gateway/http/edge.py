@@ -9,8 +9,8 @@ import time
 
 from prometheus_client import Counter, Histogram
 
-from muestra.gateway.openai.errors import OpenAIError, unauthorized
-from muestra.gateway.playground import PREFIX, is_open_path
+from muestra.gateway.http.errors import OpenAIError, unauthorized
+from muestra.gateway.http.playground import PREFIX, is_open_path
 from muestra.runtime.auth import bearer_value, token_is_valid
 from muestra.runtime.logs import REQUEST_ID_HEADER, new_request_id, request_id_var, valid_request_id
 

@@ -11,7 +11,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from muestra.gateway.openai.framing import ChunkedBody, block_end
+from muestra.gateway.http.framing import ChunkedBody, block_end
 
 log = logging.getLogger("muestra.gateway.openai")
 # h11 parses a head or an unread body at most this much per event-loop turn (it refuses a head past 16 KiB).

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
-from muestra.gateway.server import GatewayServicer
+from muestra.gateway.rpc.server import GatewayServicer
 
 
 def attach(app: FastAPI, servicer: GatewayServicer) -> None:

@@ -14,18 +14,18 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf import struct_pb2
 
-from muestra.gateway.backends import ModelRegistry, TextModel
 from muestra.gateway.config import GatewayConfig
-from muestra.gateway.constraints.engine import ConstraintLimits, GrammarEngine
-from muestra.gateway.constraints.registry import ConstraintRegistry
-from muestra.gateway.generation.progress import Watchdog
-from muestra.gateway.generation.request import GenerationRequest
-from muestra.gateway.generation.routing import Router
-from muestra.gateway.generation.step_policy import ROW_INVARIANT, wants_row_invariance
-from muestra.gateway.proposers.registry import OFF, ProposerRegistry
-from muestra.gateway.sampling import ModelInfo, SamplerRegistry, prepare_chain
-from muestra.gateway.tokenize import TokenizeRPCs
-from muestra.gateway.tool_calls import parse_tools_json
+from muestra.gateway.engine.backends import ModelRegistry, TextModel
+from muestra.gateway.engine.constraints.engine import ConstraintLimits, GrammarEngine
+from muestra.gateway.engine.constraints.registry import ConstraintRegistry
+from muestra.gateway.engine.generation.progress import Watchdog
+from muestra.gateway.engine.generation.request import GenerationRequest
+from muestra.gateway.engine.generation.routing import Router
+from muestra.gateway.engine.generation.step_policy import ROW_INVARIANT, wants_row_invariance
+from muestra.gateway.engine.proposers.registry import OFF, ProposerRegistry
+from muestra.gateway.engine.sampling import ModelInfo, SamplerRegistry, prepare_chain
+from muestra.gateway.engine.tool_calls import parse_tools_json
+from muestra.gateway.rpc.tokenize import TokenizeRPCs
 from muestra.runtime.calls import grpc_error_to_muestra
 from muestra.runtime.deadlines import within
 from muestra.runtime.errors import DeadlineExceeded, InvalidArgument, Unavailable, check_limit

@@ -1,6 +1,6 @@
 """Tool calling for a ChatML chat template that ignores tools (SmolLM2's): Hermes's format, as Qwen2.5 renders it.
 
-The gateway reads calls in that format (muestra.gateway.tool_calls): `<tool_call>\\n{"name": ..., "arguments":
+The gateway reads calls in that format (muestra.gateway.engine.tool_calls): `<tool_call>\\n{"name": ..., "arguments":
 ...}\\n</tool_call>`. Without tools the model's own template renders the chat, byte for byte.
 """
 

@@ -9,10 +9,10 @@ The built-in kinds are ordinary plugins, one per kind, registered through the sa
 `register_constraints` hook as third-party ones; MUESTRA_DISABLE_PLUGINS names them by kind.
 """
 
-from muestra.gateway.constraints.grammar import LarkGrammar
-from muestra.gateway.constraints.json_object import JsonObject
-from muestra.gateway.constraints.json_schema import JsonSchema
-from muestra.gateway.constraints.regex import Regex
+from muestra.gateway.engine.constraints.grammar import LarkGrammar
+from muestra.gateway.engine.constraints.json_object import JsonObject
+from muestra.gateway.engine.constraints.json_schema import JsonSchema
+from muestra.gateway.engine.constraints.regex import Regex
 from muestra.plugin.manager import BuiltinPlugin
 
 # Plugin name -> plugin, in registration order (what ConstraintRegistry.load takes as builtin_modules).

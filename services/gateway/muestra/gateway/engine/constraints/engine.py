@@ -19,8 +19,8 @@ import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
 
-from muestra.gateway.constraints.json_text import JsonText, JsonTokens
-from muestra.gateway.constraints.registry import ConstraintRegistry
+from muestra.gateway.engine.constraints.json_text import JsonText, JsonTokens
+from muestra.gateway.engine.constraints.registry import ConstraintRegistry
 from muestra.plugin import REQUIRED, Grammar, SamplerParamError
 from muestra.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
 from muestra.v1 import tokenizer_pb2

@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from muestra.gateway.constraints import BUILTIN_CONSTRAINT_MODULES
-from muestra.gateway.sampling.registry import info_fields
+from muestra.gateway.engine.constraints import BUILTIN_CONSTRAINT_MODULES
+from muestra.gateway.engine.sampling.registry import info_fields
 from muestra.plugin import Constraint, check_constraint
 from muestra.plugin.manager import Plugins, Registration
 from muestra.v1 import gateway_pb2

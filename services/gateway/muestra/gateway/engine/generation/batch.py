@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from muestra.gateway.constraints.engine import fill_masks
-from muestra.gateway.generation.request import BeamGroup, BeamRow, GenerationRequest, Sequence
-from muestra.gateway.generation.speculation import RowSpeculation
-from muestra.gateway.sampling import ModelInfo, SearchRequest, new_rows
+from muestra.gateway.engine.constraints.engine import fill_masks
+from muestra.gateway.engine.generation.request import BeamGroup, BeamRow, GenerationRequest, Sequence
+from muestra.gateway.engine.generation.speculation import RowSpeculation
+from muestra.gateway.engine.sampling import ModelInfo, SearchRequest, new_rows
 from muestra.runtime.errors import InvalidArgument
 from muestra.v1 import lm_pb2
 

@@ -25,12 +25,12 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from muestra.gateway import metrics
-from muestra.gateway.generation.request import BeamRow, GenerationRequest
+from muestra.gateway.engine.generation.request import BeamRow, GenerationRequest
 from muestra.runtime.errors import ResourceExhausted
 from muestra.v1 import common_pb2, lm_pb2
 
 if TYPE_CHECKING:
-    from muestra.gateway.backends import LmReplica
+    from muestra.gateway.engine.backends import LmReplica
 
 DTYPE_BYTES = {
     common_pb2.FLOAT32: 4, common_pb2.FLOAT16: 2, common_pb2.BFLOAT16: 2, common_pb2.INT8: 1, common_pb2.UINT8: 1,

@@ -18,11 +18,11 @@ from typing import Protocol
 import numpy as np
 
 from muestra.gateway import metrics
-from muestra.gateway.constraints.engine import fill_masks
-from muestra.gateway.generation.batch import Row, groups
-from muestra.gateway.generation.request import BeamGroup, Sequence
-from muestra.gateway.generation.speculation import count
-from muestra.gateway.sampling import StepResult, sample_next_tokens
+from muestra.gateway.engine.constraints.engine import fill_masks
+from muestra.gateway.engine.generation.batch import Row, groups
+from muestra.gateway.engine.generation.request import BeamGroup, Sequence
+from muestra.gateway.engine.generation.speculation import count
+from muestra.gateway.engine.sampling import StepResult, sample_next_tokens
 from muestra.v1 import gateway_pb2, lm_pb2
 
 # Forced tokens a row may take ahead of the lm.

@@ -9,8 +9,8 @@ import time
 import grpc
 
 from muestra.gateway import metrics
-from muestra.gateway.generation.stops import StopStringMatcher
-from muestra.gateway.sampling import SamplingRow, SearchRequest
+from muestra.gateway.engine.generation.stops import StopStringMatcher
+from muestra.gateway.engine.sampling import SamplingRow, SearchRequest
 from muestra.runtime.detokenize import DetokenizeState
 from muestra.runtime.errors import MuestraError
 from muestra.v1 import gateway_pb2
@@ -23,7 +23,7 @@ class GenerationRequest:
     max_tokens: int
     n: int
     seed: int
-    chain: object  # the prepared sampler chain (muestra.gateway.sampling)
+    chain: object  # the prepared sampler chain (muestra.gateway.engine.sampling)
     stop: list[str] = dataclasses.field(default_factory=list)
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
@@ -32,7 +32,7 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     deadline: float | None = None  # time.monotonic() after which the request is cancelled
     prefix_cache: bool = True  # False: GenerateRequest.disable_prefix_cache
-    constraint: object = None  # a CompiledConstraint (muestra.gateway.constraints), or None
+    constraint: object = None  # a CompiledConstraint (muestra.gateway.engine.constraints), or None
     suppressed_token_ids: tuple[int, ...] = ()  # never picked (special tokens; GenerateRequest.allow_special_tokens)
     special_tokens_in_text: bool = False  # allow_special_tokens: what is sampled is shown, special or not
     speculation: object = None  # the request's proposer and params (proposers.registry.Speculation), or None

@@ -22,9 +22,9 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from muestra.gateway.backends import LmReplica, TextModel, expand_target
-from muestra.gateway.generation.request import GenerationRequest
-from muestra.gateway.generation.scheduler import ReplicaScheduler
+from muestra.gateway.engine.backends import LmReplica, TextModel, expand_target
+from muestra.gateway.engine.generation.request import GenerationRequest
+from muestra.gateway.engine.generation.scheduler import ReplicaScheduler
 from muestra.runtime.channels import service_channel
 from muestra.runtime.errors import Unavailable
 from muestra.runtime.prefix_hash import block_hashes

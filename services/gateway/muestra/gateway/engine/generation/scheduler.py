@@ -24,17 +24,24 @@ import time
 from collections.abc import Callable
 
 from muestra.gateway import metrics
-from muestra.gateway.backends import LmReplica, TextModel
-from muestra.gateway.generation.batch import Joining, Row, RunningBatch, allowed_tokens, filter_plan, request_rows
-from muestra.gateway.generation.detokenizer import Detokenizer, TokenizerFailed
-from muestra.gateway.generation.kv_admission import KvAdmission
-from muestra.gateway.generation.lm_client import LmClient, LmFailed, logits_matrix
-from muestra.gateway.generation.outputs import OutputProcessor
-from muestra.gateway.generation.progress import Progress
-from muestra.gateway.generation.request import GenerationRequest, Sequence
-from muestra.gateway.generation.speculation import SpeculationPolicy
-from muestra.gateway.generation.step_policy import StepPolicy, row_invariant, stop_ids, tokens_per_row
-from muestra.gateway.sampling import ModelInfo
+from muestra.gateway.engine.backends import LmReplica, TextModel
+from muestra.gateway.engine.generation.batch import (
+    Joining,
+    Row,
+    RunningBatch,
+    allowed_tokens,
+    filter_plan,
+    request_rows,
+)
+from muestra.gateway.engine.generation.detokenizer import Detokenizer, TokenizerFailed
+from muestra.gateway.engine.generation.kv_admission import KvAdmission
+from muestra.gateway.engine.generation.lm_client import LmClient, LmFailed, logits_matrix
+from muestra.gateway.engine.generation.outputs import OutputProcessor
+from muestra.gateway.engine.generation.progress import Progress
+from muestra.gateway.engine.generation.request import GenerationRequest, Sequence
+from muestra.gateway.engine.generation.speculation import SpeculationPolicy
+from muestra.gateway.engine.generation.step_policy import StepPolicy, row_invariant, stop_ids, tokens_per_row
+from muestra.gateway.engine.sampling import ModelInfo
 from muestra.runtime.errors import (
     DeadlineExceeded,
     MuestraError,

@@ -28,8 +28,8 @@ import logging
 import numpy as np
 
 from muestra.gateway import metrics
-from muestra.gateway.generation.request import Sequence
-from muestra.gateway.proposers.registry import Speculation
+from muestra.gateway.engine.generation.request import Sequence
+from muestra.gateway.engine.proposers.registry import Speculation
 from muestra.plugin import DraftRow
 from muestra.v1 import lm_pb2
 

@@ -10,8 +10,8 @@ meanwhile waits no longer than that for its prefill.
 
 from __future__ import annotations
 
-from muestra.gateway.generation.batch import Row, requests
-from muestra.gateway.generation.request import Sequence
+from muestra.gateway.engine.generation.batch import Row, requests
+from muestra.gateway.engine.generation.request import Sequence
 from muestra.v1 import lm_pb2
 
 # Most tokens one row feeds in one step (the lm's default --max-tokens-per-row is 32).

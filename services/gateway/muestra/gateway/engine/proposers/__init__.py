@@ -8,8 +8,8 @@ MUESTRA_DISABLE_PLUGINS names them by their names. "draft_model" also needs the 
 (the server calls its `attach`).
 """
 
-from muestra.gateway.proposers.draft_model import DraftModelProposer
-from muestra.gateway.proposers.ngram import NgramProposer
+from muestra.gateway.engine.proposers.draft_model import DraftModelProposer
+from muestra.gateway.engine.proposers.ngram import NgramProposer
 from muestra.plugin.manager import BuiltinPlugin
 
 # Plugin name -> plugin, in registration order (what ProposerRegistry.load takes as builtin_modules).

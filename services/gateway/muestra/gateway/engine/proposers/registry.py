@@ -9,7 +9,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from muestra.gateway.proposers import BUILTIN_PROPOSER_MODULES
+from muestra.gateway.engine.proposers import BUILTIN_PROPOSER_MODULES
 from muestra.plugin import DraftProposer, SamplerParamError, check_proposer
 from muestra.plugin.manager import Plugins, Registration
 from muestra.runtime.errors import InvalidArgument

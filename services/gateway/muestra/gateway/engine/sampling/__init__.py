@@ -9,7 +9,7 @@
 Beam search requests use SearchRequest instead of rows (see search.py).
 """
 
-from muestra.gateway.sampling.chain import (
+from muestra.gateway.engine.sampling.chain import (
     MAX_CHAIN_LENGTH,
     Chain,
     ChainStep,
@@ -19,8 +19,8 @@ from muestra.gateway.sampling.chain import (
     spec_to_dict,
     validate_chain,
 )
-from muestra.gateway.sampling.registry import PluginSummary, RegisteredSampler, SamplerRegistry
-from muestra.gateway.sampling.runner import (
+from muestra.gateway.engine.sampling.registry import PluginSummary, RegisteredSampler, SamplerRegistry
+from muestra.gateway.engine.sampling.runner import (
     MAX_TOP_LOGPROBS,
     SamplingRow,
     StepResult,
@@ -28,7 +28,7 @@ from muestra.gateway.sampling.runner import (
     request_generators,
     sample_next_tokens,
 )
-from muestra.gateway.sampling.search import SearchRequest, run_search
+from muestra.gateway.engine.sampling.search import SearchRequest, run_search
 from muestra.plugin import ModelInfo
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""`python -m muestra.gateway.sampling`: the sampler plugins this environment would load, without a gateway.
+"""`python -m muestra.gateway.engine.sampling`: the sampler plugins this environment would load, without a gateway.
 
 The same view as the gateway's ListPlugins and ListSamplers (and `muestra plugins`), honouring
 MUESTRA_DISABLE_PLUGINS.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from muestra.gateway.sampling.registry import SamplerRegistry
+from muestra.gateway.engine.sampling.registry import SamplerRegistry
 
 
 def main() -> None:

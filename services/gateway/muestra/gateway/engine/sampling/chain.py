@@ -16,7 +16,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from muestra.gateway.sampling.registry import SamplerRegistry
+from muestra.gateway.engine.sampling.registry import SamplerRegistry
 from muestra.plugin import LogitsProcessor, ModelInfo, Sampler, SamplerParamError, SearchStrategy
 from muestra.runtime.errors import FailedPrecondition, InvalidArgument
 

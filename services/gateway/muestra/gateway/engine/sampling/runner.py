@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from muestra.gateway.constraints.masks import apply_mask
-from muestra.gateway.sampling.chain import Chain
+from muestra.gateway.engine.constraints.masks import apply_mask
+from muestra.gateway.engine.sampling.chain import Chain
 from muestra.plugin import RowContext, group_rows, log_softmax, pick_tokens
 from muestra.runtime.errors import InvalidArgument, check_limit
 from muestra.v1 import lm_pb2

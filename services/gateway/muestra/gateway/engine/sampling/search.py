@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from muestra.gateway.sampling.chain import Chain
+from muestra.gateway.engine.sampling.chain import Chain
 from muestra.plugin import Hypothesis, ModelInfo, RowContext, SearchStep, log_softmax
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.routing import Match
 
-from muestra.gateway.a1111 import extras, listings, routes
-from muestra.gateway.a1111.routes import Jobs, a1111_error
-from muestra.gateway.a1111.schemas import A1111Error
+from muestra.gateway.http.a1111 import extras, listings, routes
+from muestra.gateway.http.a1111.routes import Jobs, a1111_error
+from muestra.gateway.http.a1111.schemas import A1111Error
 
 __all__ = ["A1111Error", "Jobs", "a1111_error", "router"]
 

@@ -7,9 +7,9 @@ import binascii
 
 import grpc
 
-from muestra.gateway.a1111 import sizes
-from muestra.gateway.a1111.schemas import OFF_FEATURES, A1111Error, Img2ImgRequest, Txt2ImgRequest
-from muestra.gateway.server import GatewayServicer
+from muestra.gateway.http.a1111 import sizes
+from muestra.gateway.http.a1111.schemas import OFF_FEATURES, A1111Error, Img2ImgRequest, Txt2ImgRequest
+from muestra.gateway.rpc.server import GatewayServicer
 from muestra.runtime.errors import MuestraError
 from muestra.v1 import diffusion_pb2
 

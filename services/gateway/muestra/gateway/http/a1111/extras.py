@@ -13,15 +13,15 @@ import json
 from fastapi import APIRouter, Request
 from PIL import Image, PngImagePlugin
 
-from muestra.gateway.a1111.convert import decode_b64, describe
-from muestra.gateway.a1111.schemas import (
+from muestra.gateway.http.a1111.convert import decode_b64, describe
+from muestra.gateway.http.a1111.schemas import (
     A1111Error,
     ExtrasBatchImagesRequest,
     ExtrasRequest,
     ExtrasSingleImageRequest,
     read_body,
 )
-from muestra.gateway.openai.state import Servicer
+from muestra.gateway.http.state import Servicer
 from muestra.runtime.errors import MuestraError
 
 # A1111's upscalers that are a Pillow filter ("None" leaves the image as it is).

@@ -7,7 +7,7 @@ import re
 import struct
 import zlib
 
-from muestra.gateway.a1111.convert import display_name
+from muestra.gateway.http.a1111.convert import display_name
 from muestra.v1 import diffusion_pb2
 
 SAMPLER = re.compile(r"(^|, )Sampler: ([^,]*)")

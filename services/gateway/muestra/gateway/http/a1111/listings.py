@@ -11,10 +11,10 @@ import re
 from fastapi import APIRouter, Request
 from PIL import Image, UnidentifiedImageError
 
-from muestra.gateway.a1111.convert import decode_b64, image_model, list_schedulers
-from muestra.gateway.a1111.infotext import a1111_names
-from muestra.gateway.a1111.schemas import A1111Error, InterrogateRequest, PngInfoRequest, read_body
-from muestra.gateway.openai.state import Servicer
+from muestra.gateway.http.a1111.convert import decode_b64, image_model, list_schedulers
+from muestra.gateway.http.a1111.infotext import a1111_names
+from muestra.gateway.http.a1111.schemas import A1111Error, InterrogateRequest, PngInfoRequest, read_body
+from muestra.gateway.http.state import Servicer
 
 router = APIRouter(prefix="/sdapi/v1")
 # One "key: value" of an infotext's last line (A1111's modules/infotext_utils.py re_param).

@@ -14,8 +14,8 @@ import grpc
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from muestra.gateway.a1111 import infotext, sizes
-from muestra.gateway.a1111.convert import (
+from muestra.gateway.http.a1111 import infotext, sizes
+from muestra.gateway.http.a1111.convert import (
     LIST_TIMEOUT_S,
     RENAMES,
     display_name,
@@ -26,11 +26,11 @@ from muestra.gateway.a1111.convert import (
     parameters,
     unanswered,
 )
-from muestra.gateway.a1111.schemas import A1111Error, Img2ImgRequest, Txt2ImgRequest, read_body
-from muestra.gateway.openai.errors import from_muestra
-from muestra.gateway.openai.state import Servicer
-from muestra.gateway.openai.streams import ClientGone, cancel_on_disconnect
-from muestra.gateway.server import GatewayServicer
+from muestra.gateway.http.a1111.schemas import A1111Error, Img2ImgRequest, Txt2ImgRequest, read_body
+from muestra.gateway.http.errors import from_muestra
+from muestra.gateway.http.state import Servicer
+from muestra.gateway.http.streams import ClientGone, cancel_on_disconnect
+from muestra.gateway.rpc.server import GatewayServicer
 from muestra.runtime.errors import MuestraError
 from muestra.v1 import diffusion_pb2
 

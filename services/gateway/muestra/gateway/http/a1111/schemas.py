@@ -8,7 +8,7 @@ from typing import Any, Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from muestra.gateway.openai.errors import OpenAIError
+from muestra.gateway.http.errors import OpenAIError
 
 UINT32_MAX = 2**32 - 1
 

@@ -1,23 +1,2 @@
-"""The gateway's HTTP API. app.py builds it from routers: OpenAI's generation routes (routes.py; the Responses
-API in response_routes.py), the listings (listings.py: /v1/models, /v1/samplers, /v1/schedulers, /v1/status),
-AUTOMATIC1111's API (muestra.gateway.a1111), the playground at / (muestra.gateway.playground), /health and
-/metrics; edge.py is what every request goes through."""
-
-from __future__ import annotations
-
-from muestra.gateway.openai.app import create_app
-from muestra.gateway.openai.response_store import open_store
-from muestra.gateway.openai.serve import HttpServer
-
-
-async def start_http_api(servicer, config, keys: list[str]) -> HttpServer:
-    """Serve the HTTP API on config.http_host (default: the gRPC host) and config.http_port, in this event loop."""
-    store = open_store(config)
-    app = create_app(servicer, keys, config.http_max_body_bytes, config.http_body_timeout_s, store)
-    server = HttpServer(app, config.http_host or config.host, config.http_port, config.grace_period_s)
-    server.closing.append(store.close)
-    await server.start()
-    return server
-
-
-__all__ = ["HttpServer", "create_app", "start_http_api"]
+"""OpenAI's routes: completions and chat (routes.py, text.py), the Responses API (response_*.py), images
+(images.py) and the listings (listings.py)."""

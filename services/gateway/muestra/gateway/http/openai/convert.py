@@ -13,9 +13,9 @@ import re
 from google.protobuf import struct_pb2
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
-from muestra.gateway.openai.errors import bad_request
-from muestra.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
-from muestra.gateway.openai.tools import template_tool_calls, tool_inputs
+from muestra.gateway.http.errors import bad_request
+from muestra.gateway.http.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
+from muestra.gateway.http.openai.tools import template_tool_calls, tool_inputs
 from muestra.v1 import common_pb2, diffusion_pb2, gateway_pb2
 
 # OpenAI's and the extensions' sampling fields, in transformers' processor order; the first four are

@@ -22,11 +22,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field, ValidationError
 from starlette.datastructures import UploadFile
 
-from muestra.gateway.openai.convert import image_request
-from muestra.gateway.openai.errors import OpenAIError, bad_request, from_muestra, from_validation, internal
-from muestra.gateway.openai.schemas import UINT32_MAX, ImageGenerationRequest
-from muestra.gateway.openai.streams import SSE_DONE, ClientGone, ClosingStreamingResponse, cancel_on_disconnect, sse
-from muestra.gateway.server import GatewayServicer
+from muestra.gateway.http.errors import OpenAIError, bad_request, from_muestra, from_validation, internal
+from muestra.gateway.http.openai.convert import image_request
+from muestra.gateway.http.openai.schemas import UINT32_MAX, ImageGenerationRequest
+from muestra.gateway.http.streams import SSE_DONE, ClientGone, ClosingStreamingResponse, cancel_on_disconnect, sse
+from muestra.gateway.rpc.server import GatewayServicer
 from muestra.runtime.errors import MuestraError
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import diffusion_pb2

@@ -16,9 +16,9 @@ from fastapi import APIRouter, Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from muestra.gateway.openai.errors import OpenAIError
-from muestra.gateway.openai.state import Servicer
-from muestra.gateway.sampling import default_specs
+from muestra.gateway.engine.sampling import default_specs
+from muestra.gateway.http.errors import OpenAIError
+from muestra.gateway.http.state import Servicer
 from muestra.v1 import diffusion_pb2, gateway_pb2
 
 log = logging.getLogger("muestra.gateway.openai")

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from muestra.gateway.openai.schemas import UINT32_MAX, UINT64_MAX, SamplingExtensions, _Body
+from muestra.gateway.http.openai.schemas import UINT32_MAX, UINT64_MAX, SamplingExtensions, _Body
 
 
 class TextOptions(_Body):

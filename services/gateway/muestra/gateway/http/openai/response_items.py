@@ -9,8 +9,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from muestra.gateway.openai.errors import OpenAIError, bad_request
-from muestra.gateway.openai.response_bodies import ResponsesRequest
+from muestra.gateway.http.errors import OpenAIError, bad_request
+from muestra.gateway.http.openai.response_bodies import ResponsesRequest
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 INPUT_TYPES = ("message", "function_call", "function_call_output", "item_reference")

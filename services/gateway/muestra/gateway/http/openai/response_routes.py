@@ -17,10 +17,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from muestra.gateway.openai.convert import chat_request
-from muestra.gateway.openai.errors import OpenAIError, from_validation
-from muestra.gateway.openai.response_bodies import ResponsesRequest
-from muestra.gateway.openai.response_items import (
+from muestra.gateway.http.errors import OpenAIError, from_validation
+from muestra.gateway.http.openai.convert import chat_request
+from muestra.gateway.http.openai.response_bodies import ResponsesRequest
+from muestra.gateway.http.openai.response_items import (
     call_item,
     chat_messages,
     chat_response_format,
@@ -36,11 +36,11 @@ from muestra.gateway.openai.response_items import (
     text_format,
     usage,
 )
-from muestra.gateway.openai.response_store import owner_of
-from muestra.gateway.openai.schemas import ChatCompletionRequest
-from muestra.gateway.openai.state import Servicer
-from muestra.gateway.openai.streams import ClientGone, ClosingStreamingResponse
-from muestra.gateway.openai.text import TextRun
+from muestra.gateway.http.openai.response_store import owner_of
+from muestra.gateway.http.openai.schemas import ChatCompletionRequest
+from muestra.gateway.http.openai.text import TextRun
+from muestra.gateway.http.state import Servicer
+from muestra.gateway.http.streams import ClientGone, ClosingStreamingResponse
 from muestra.runtime.auth import bearer_value
 from muestra.v1 import gateway_pb2
 

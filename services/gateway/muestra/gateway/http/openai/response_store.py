@@ -16,7 +16,7 @@ import time
 
 from prometheus_client import Counter
 
-from muestra.gateway.openai.errors import OpenAIError
+from muestra.gateway.http.errors import OpenAIError
 
 log = logging.getLogger("muestra.gateway.responses")
 
@@ -135,7 +135,7 @@ def open_store(config):
             config.responses_max_stored, config.responses_max_stored_mib, config.responses_ttl_s,
         )  # fmt: skip
         return MemoryStore(config.responses_ttl_s, config.responses_max_stored, config.responses_max_stored_mib << 20)
-    from muestra.gateway.prefix import open_redis
+    from muestra.gateway.engine.prefix import open_redis
     from muestra.runtime.logs import without_password
 
     where = f"Redis at {without_password(url)}"

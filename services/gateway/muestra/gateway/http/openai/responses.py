@@ -9,7 +9,7 @@ import codecs
 import collections
 import time
 
-from muestra.gateway.openai.tools import ToolCallDeltas, message_with_calls
+from muestra.gateway.http.openai.tools import ToolCallDeltas, message_with_calls
 from muestra.v1 import gateway_pb2
 
 FINISH_REASONS = {
@@ -87,7 +87,7 @@ class Choices:
         # Tokens that end a completion without adding text (EOS, stop_token_ids): no logprob entry, as
         # OpenAI gives none; the gRPC API keeps them (one entry per id there).
         self.ending_ids: frozenset[int] = frozenset()
-        # Chat with tools the model may call: the text is read for tool calls (muestra.gateway.tool_calls).
+        # Chat with tools the model may call: the text is read for tool calls (muestra.gateway.engine.tool_calls).
         self.tool_calls = False
         self.tool_deltas: dict[int, ToolCallDeltas] = collections.defaultdict(ToolCallDeltas)
 

@@ -7,11 +7,11 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from muestra.gateway.openai.convert import chat_request, completion_requests
-from muestra.gateway.openai.images import respond_edits, respond_images
-from muestra.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
-from muestra.gateway.openai.state import Servicer
-from muestra.gateway.openai.text import TextRun
+from muestra.gateway.http.openai.convert import chat_request, completion_requests
+from muestra.gateway.http.openai.images import respond_edits, respond_images
+from muestra.gateway.http.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
+from muestra.gateway.http.openai.text import TextRun
+from muestra.gateway.http.state import Servicer
 
 router = APIRouter(prefix="/v1")
 

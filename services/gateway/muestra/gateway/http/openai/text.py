@@ -8,9 +8,9 @@ import logging
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from muestra.gateway.openai.errors import OpenAIError, from_muestra, internal
-from muestra.gateway.openai.responses import Choices, envelope
-from muestra.gateway.openai.streams import (
+from muestra.gateway.http.errors import OpenAIError, from_muestra, internal
+from muestra.gateway.http.openai.responses import Choices, envelope
+from muestra.gateway.http.streams import (
     SSE_DONE,
     ClientGone,
     ClosingStreamingResponse,
@@ -18,7 +18,7 @@ from muestra.gateway.openai.streams import (
     merge,
     sse,
 )
-from muestra.gateway.server import GatewayServicer, stream_generation
+from muestra.gateway.rpc.server import GatewayServicer, stream_generation
 from muestra.runtime.errors import MuestraError
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import gateway_pb2

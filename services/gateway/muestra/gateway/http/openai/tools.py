@@ -1,7 +1,7 @@
 """OpenAI's tools on chat completions: the request's tools and tool_choice as a chat-template input and a
 constraint, and the model's text back as `tool_calls` (whole, or as stream deltas).
 
-The text format of a call lives in muestra.gateway.tool_calls.
+The text format of a call lives in muestra.gateway.engine.tool_calls.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import secrets
 
-from muestra.gateway.openai.errors import bad_request, from_muestra
-from muestra.gateway.openai.schemas import ChatCompletionRequest, ChatMessage
-from muestra.gateway.tool_calls import check_tools, cut_call, parse_tool_calls, tool_call_grammar
+from muestra.gateway.engine.tool_calls import check_tools, cut_call, parse_tool_calls, tool_call_grammar
+from muestra.gateway.http.errors import bad_request, from_muestra
+from muestra.gateway.http.openai.schemas import ChatCompletionRequest, ChatMessage
 from muestra.runtime.errors import InvalidArgument
 
 

@@ -101,7 +101,7 @@ class TokenizeBody(BaseModel):
 @router.post("/tokenize")
 async def tokenize(body: TokenizeBody, http: Request) -> dict:
     # Imported here: the openai package imports this one (its Edge lets the page's files through).
-    from muestra.gateway.openai.errors import from_muestra
+    from muestra.gateway.http.errors import from_muestra
 
     request = gateway_pb2.TokenizeRequest(model=body.model)
     if body.messages is not None:

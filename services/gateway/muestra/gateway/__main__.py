@@ -9,6 +9,7 @@ import time
 
 from muestra.gateway.config import GatewayConfig
 from muestra.gateway.engine.backends import BackendError, ModelRegistry
+from muestra.gateway.engine.engine import Engine
 from muestra.gateway.engine.sampling import SamplerRegistry
 from muestra.gateway.rpc.server import GatewayServicer
 from muestra.runtime import ServiceSpec, load_config, run_service
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     keys = [key.strip() for key in config.api_keys.split(",") if key.strip()]
 
     http_servers = []
-    servicers: list[GatewayServicer] = []
+    engines: list[Engine] = []
 
     async def register(server) -> list[str]:
         samplers = SamplerRegistry.load()
@@ -34,18 +35,18 @@ def main(argv: list[str] | None = None) -> None:
             await registry.connect(config)
         except BackendError as exc:
             raise SystemExit(f"muestra-gateway: {exc}") from None
-        servicer = GatewayServicer(config, registry, samplers)
-        servicers.append(servicer)
-        for router in servicer.routers.values():
+        engine = Engine(config, registry, samplers)
+        engines.append(engine)
+        for router in engine.routers.values():
             router.start()  # health checks from the start, not from the first request
-        gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
+        gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(engine), server)
         if keys:
             log.info("API keys required (%d configured)", len(keys))
         if config.http_port >= 0:
             # Imported here: with the HTTP API off, the gateway does not load FastAPI at all.
             from muestra.gateway.http import start_http_api
 
-            http_servers.append(await start_http_api(servicer, config, keys))
+            http_servers.append(await start_http_api(engine, config, keys))
         return [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name]
 
     async def drain(grace_period_s: float) -> None:
@@ -56,18 +57,18 @@ def main(argv: list[str] | None = None) -> None:
         """
         stopping = [asyncio.ensure_future(http_server.stop()) for http_server in http_servers]
         deadline = time.monotonic() + max(0.0, grace_period_s - min(SHUTDOWN_MARGIN_S, grace_period_s / 4))
-        while servicers and servicers[0].busy() and time.monotonic() < deadline:
+        while engines and engines[0].busy() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if servicers and servicers[0].busy():
+        if engines and engines[0].busy():
             log.warning("grace period ending: failing the text requests still running")
-            servicers[0].shut_down()
+            engines[0].shut_down()
         await asyncio.gather(*stopping)
 
     async def close() -> None:
         await registry.close()
 
     def health_problem() -> str | None:
-        return servicers[0].watchdog.problem() if servicers else None
+        return engines[0].watchdog.problem() if engines else None
 
     run_service(
         ServiceSpec(

@@ -10,10 +10,10 @@ from muestra.gateway.http.openai.response_store import open_store
 from muestra.gateway.http.serve import HttpServer
 
 
-async def start_http_api(servicer, config, keys: list[str]) -> HttpServer:
+async def start_http_api(engine, config, keys: list[str]) -> HttpServer:
     """Serve the HTTP API on config.http_host (default: the gRPC host) and config.http_port, in this event loop."""
     store = open_store(config)
-    app = create_app(servicer, keys, config.http_max_body_bytes, config.http_body_timeout_s, store)
+    app = create_app(engine, keys, config.http_max_body_bytes, config.http_body_timeout_s, store)
     server = HttpServer(app, config.http_host or config.host, config.http_port, config.grace_period_s)
     server.closing.append(store.close)
     await server.start()

@@ -1,5 +1,5 @@
 """The gateway's HTTP app: OpenAI's routes, muestra's listings, AUTOMATIC1111's API and the playground,
-over the gateway's own servicer (same schedulers, same checks), behind the Edge."""
+over the gateway's own engine (same schedulers, same checks), behind the Edge."""
 
 from __future__ import annotations
 
@@ -9,20 +9,20 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from muestra.gateway.engine.engine import Engine
 from muestra.gateway.http import a1111, playground, state
 from muestra.gateway.http.edge import Edge
 from muestra.gateway.http.errors import OpenAIError, from_validation
 from muestra.gateway.http.openai import listings, response_routes, routes
 from muestra.gateway.http.openai.response_store import MemoryStore
-from muestra.gateway.http.state import Servicer
-from muestra.gateway.rpc.server import GatewayServicer
+from muestra.gateway.http.state import EngineDep
 
 service = APIRouter()
 
 
 @service.get("/health")
-async def health(servicer: Servicer) -> Response:
-    problem = servicer.watchdog.problem()
+async def health(engine: EngineDep) -> Response:
+    problem = engine.watchdog.problem()
     if problem is not None:
         return JSONResponse({"status": "not serving", "reason": problem}, status_code=503)
     return JSONResponse({"status": "ok"})
@@ -51,14 +51,14 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 def create_app(
-    servicer: GatewayServicer, keys: list[str], max_body_bytes: int, body_timeout_s: float = 60.0, response_store=None
+    engine: Engine, keys: list[str], max_body_bytes: int, body_timeout_s: float = 60.0, response_store=None
 ) -> Edge:
     """The ASGI app: the routes behind the Edge (API keys, body limit and deadline, request ids, logs, metrics).
 
     `response_store`: where /v1/responses keeps stored responses (response_store.open_store), in process by default.
     """
     app = FastAPI(title="muestra", docs_url=None, redoc_url=None, openapi_url=None)
-    state.attach(app, servicer)
+    state.attach(app, engine)
     app.state.response_store = response_store if response_store is not None else MemoryStore(30 * 24 * 3600.0, 10000)
     app.state.a1111_jobs = a1111.Jobs()
     app.state.playground_files = playground.load_files()

@@ -7,19 +7,19 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
-from muestra.gateway.rpc.server import GatewayServicer
+from muestra.gateway.engine.engine import Engine
 
 
-def attach(app: FastAPI, servicer: GatewayServicer) -> None:
-    """The gateway's servicer (its schedulers, registry and checks) and when this app was made."""
-    app.state.servicer = servicer
+def attach(app: FastAPI, engine: Engine) -> None:
+    """The gateway's engine (its schedulers, registry and checks) and when this app was made."""
+    app.state.engine = engine
     app.state.created = int(time.time())  # the "created" of every /v1/models card
     app.state.started = time.monotonic()  # /v1/status's uptime_s counts from here
 
 
-async def _servicer(request: Request) -> GatewayServicer:
+async def _engine(request: Request) -> Engine:
     # async: a plain def dependency would run in FastAPI's thread pool
-    return request.app.state.servicer
+    return request.app.state.engine
 
 
-Servicer = Annotated[GatewayServicer, Depends(_servicer)]
+EngineDep = Annotated[Engine, Depends(_engine)]

@@ -7,9 +7,9 @@ import binascii
 
 import grpc
 
+from muestra.gateway.engine.engine import Engine
 from muestra.gateway.http.a1111 import sizes
 from muestra.gateway.http.a1111.schemas import OFF_FEATURES, A1111Error, Img2ImgRequest, Txt2ImgRequest
-from muestra.gateway.rpc.server import GatewayServicer
 from muestra.runtime.errors import MuestraError
 from muestra.v1 import diffusion_pb2
 
@@ -94,20 +94,20 @@ def _check_off(body: Txt2ImgRequest) -> None:
         raise A1111Error(400, f"override_settings: only sd_model_checkpoint is supported, got {', '.join(settings)}")
 
 
-def image_model(servicer: GatewayServicer, checkpoint: str):
+def image_model(engine: Engine, checkpoint: str):
     """The image model a checkpoint name picks (empty: the gateway's default); A1111's 404 when none does."""
     try:
-        return servicer.registry.image_model(checkpoint)
+        return engine.registry.image_model(checkpoint)
     except MuestraError as exc:
         raise A1111Error(404, f"Model not found: {exc}") from None
 
 
 async def image_request(
-    servicer: GatewayServicer, body: Txt2ImgRequest, checkpoint: str
+    engine: Engine, body: Txt2ImgRequest, checkpoint: str
 ) -> tuple[diffusion_pb2.ImageRequest, sizes.Plan]:
     """The request for the diffusion service, and the size plan (sizes.py) its images are resized by."""
     _check_off(body)
-    model = image_model(servicer, (body.override_settings or {}).get("sd_model_checkpoint") or checkpoint)
+    model = image_model(engine, (body.override_settings or {}).get("sd_model_checkpoint") or checkpoint)
     plan = sizes.plan(body.width or 0, body.height or 0, await describe(model))
     request = diffusion_pb2.ImageRequest(
         model=model.name,

@@ -21,7 +21,7 @@ from muestra.gateway.http.a1111.schemas import (
     ExtrasSingleImageRequest,
     read_body,
 )
-from muestra.gateway.http.state import Servicer
+from muestra.gateway.http.state import EngineDep
 from muestra.runtime.errors import MuestraError
 
 # A1111's upscalers that are a Pillow filter ("None" leaves the image as it is).
@@ -40,20 +40,20 @@ async def upscalers() -> list[dict]:
 
 
 @router.post("/extra-single-image")
-async def extra_single_image(http: Request, servicer: Servicer) -> dict:
+async def extra_single_image(http: Request, engine: EngineDep) -> dict:
     body = await read_body(http, ExtrasSingleImageRequest)
     _check(body)
-    max_bytes, max_pixels = await _limits(servicer)
+    max_bytes, max_pixels = await _limits(engine)
     image = await asyncio.to_thread(_decode, "image", body.image, max_bytes, max_pixels)
     png, text = await asyncio.to_thread(_postprocess, image, body, max_pixels)
     return {"html_info": _html(text), "image": png}
 
 
 @router.post("/extra-batch-images")
-async def extra_batch_images(http: Request, servicer: Servicer) -> dict:
+async def extra_batch_images(http: Request, engine: EngineDep) -> dict:
     body = await read_body(http, ExtrasBatchImagesRequest)
     _check(body)
-    max_bytes, max_pixels = await _limits(servicer)
+    max_bytes, max_pixels = await _limits(engine)
 
     def run() -> tuple[list[str], str]:
         pngs, text = [], ""
@@ -78,10 +78,10 @@ def _check(body: ExtrasRequest) -> None:
             raise A1111Error(400, f"{field}: {name!r} needs a model muestra does not have; it serves {served}")
 
 
-async def _limits(servicer: Servicer) -> tuple[int, int]:
+async def _limits(engine: EngineDep) -> tuple[int, int]:
     """The diffusion service's limits on input images (bytes, pixels); the pixel limit bounds the output too."""
     try:
-        model = servicer.registry.image_model("")
+        model = engine.registry.image_model("")
     except MuestraError:
         return DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS
     described = await describe(model)

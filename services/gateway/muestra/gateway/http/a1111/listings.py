@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 from muestra.gateway.http.a1111.convert import decode_b64, image_model, list_schedulers
 from muestra.gateway.http.a1111.infotext import a1111_names
 from muestra.gateway.http.a1111.schemas import A1111Error, InterrogateRequest, PngInfoRequest, read_body
-from muestra.gateway.http.state import Servicer
+from muestra.gateway.http.state import EngineDep
 
 router = APIRouter(prefix="/sdapi/v1")
 # One "key: value" of an infotext's last line (A1111's modules/infotext_utils.py re_param).
@@ -111,16 +111,16 @@ def parse_infotext(text: str) -> dict[str, str]:
     return parsed
 
 
-async def _sampler_names(servicer: Servicer) -> dict[str, str]:
+async def _sampler_names(engine: EngineDep) -> dict[str, str]:
     """Our scheduler names and A1111's to A1111's; none when no diffusion service answers (png-info needs none)."""
     try:
-        return a1111_names(await list_schedulers(image_model(servicer, "")))
+        return a1111_names(await list_schedulers(image_model(engine, "")))
     except A1111Error:
         return {}
 
 
 @router.post("/png-info")
-async def png_info(http: Request, servicer: Servicer) -> dict:
+async def png_info(http: Request, engine: EngineDep) -> dict:
     """The "parameters" text chunk the diffusion service writes, parsed (its Sampler under A1111's name, as
     muestra writes it on /sdapi or ours, as on the other APIs); the image's other text in `items`."""
     body = await read_body(http, PngInfoRequest)
@@ -134,5 +134,5 @@ async def png_info(http: Request, servicer: Servicer) -> dict:
     text = items.pop("parameters", "")
     parsed = parse_infotext(text) if text else {}
     if "Sampler" in parsed:
-        parsed["Sampler"] = (await _sampler_names(servicer)).get(parsed["Sampler"].lower(), parsed["Sampler"])
+        parsed["Sampler"] = (await _sampler_names(engine)).get(parsed["Sampler"].lower(), parsed["Sampler"])
     return {"info": text, "items": items, "parameters": parsed}

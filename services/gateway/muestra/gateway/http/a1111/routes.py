@@ -14,6 +14,7 @@ import grpc
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from muestra.gateway.engine.engine import Engine
 from muestra.gateway.http.a1111 import infotext, sizes
 from muestra.gateway.http.a1111.convert import (
     LIST_TIMEOUT_S,
@@ -28,9 +29,8 @@ from muestra.gateway.http.a1111.convert import (
 )
 from muestra.gateway.http.a1111.schemas import A1111Error, Img2ImgRequest, Txt2ImgRequest, read_body
 from muestra.gateway.http.errors import from_muestra
-from muestra.gateway.http.state import Servicer
+from muestra.gateway.http.state import EngineDep
 from muestra.gateway.http.streams import ClientGone, cancel_on_disconnect
-from muestra.gateway.rpc.server import GatewayServicer
 from muestra.runtime.errors import MuestraError
 from muestra.v1 import diffusion_pb2
 
@@ -86,14 +86,14 @@ async def a1111_error(request: Request, exc: A1111Error) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
 
 
-async def _generate(servicer: GatewayServicer, body: Txt2ImgRequest, jobs: Jobs, http: Request) -> JSONResponse:
+async def _generate(engine: Engine, body: Txt2ImgRequest, jobs: Jobs, http: Request) -> JSONResponse:
     """txt2img and img2img: the images, the parameters as used and the `info` as a JSON string."""
-    request, plan = await image_request(servicer, body, jobs.checkpoint)
+    request, plan = await image_request(engine, body, jobs.checkpoint)
     job = Job(images=request.num_images)
     images: list[diffusion_pb2.GeneratedImage] = []
 
     async def collect() -> None:
-        async with contextlib.aclosing(servicer.GenerateImage(request, None)) as stream:
+        async with contextlib.aclosing(engine.generate_image(request)) as stream:
             async for message in stream:
                 if message.WhichOneof("kind") == "image":
                     images.append(message.image)
@@ -116,7 +116,7 @@ async def _generate(servicer: GatewayServicer, body: Txt2ImgRequest, jobs: Jobs,
         jobs.running.remove(job)
     images.sort(key=lambda image: image.index)
     try:
-        names = infotext.a1111_names(await list_schedulers(image_model(servicer, request.model)))
+        names = infotext.a1111_names(await list_schedulers(image_model(engine, request.model)))
     except A1111Error:  # the images are made: they keep the service's sampler name rather than being lost
         names = {}
     images = [infotext.renamed_image(image, names) for image in images]
@@ -131,13 +131,13 @@ async def _generate(servicer: GatewayServicer, body: Txt2ImgRequest, jobs: Jobs,
 
 
 @router.post("/txt2img")
-async def txt2img(http: Request, servicer: Servicer, jobs: A1111Jobs) -> JSONResponse:
-    return await _generate(servicer, await read_body(http, Txt2ImgRequest), jobs, http)
+async def txt2img(http: Request, engine: EngineDep, jobs: A1111Jobs) -> JSONResponse:
+    return await _generate(engine, await read_body(http, Txt2ImgRequest), jobs, http)
 
 
 @router.post("/img2img")
-async def img2img(http: Request, servicer: Servicer, jobs: A1111Jobs) -> JSONResponse:
-    return await _generate(servicer, await read_body(http, Img2ImgRequest), jobs, http)
+async def img2img(http: Request, engine: EngineDep, jobs: A1111Jobs) -> JSONResponse:
+    return await _generate(engine, await read_body(http, Img2ImgRequest), jobs, http)
 
 
 @router.get("/progress")
@@ -181,8 +181,8 @@ async def skip(jobs: A1111Jobs) -> None:
 
 
 @router.get("/samplers")
-async def samplers(servicer: Servicer) -> list[dict]:
-    listing = await list_schedulers(servicer.registry.image_model(""))
+async def samplers(engine: EngineDep) -> list[dict]:
+    listing = await list_schedulers(engine.registry.image_model(""))
     answer = []
     for scheduler in listing:
         name = display_name(scheduler)
@@ -197,31 +197,31 @@ async def schedulers() -> list[dict]:
 
 
 @router.get("/options")
-async def options(servicer: Servicer, jobs: A1111Jobs) -> dict:
-    return {"sd_model_checkpoint": image_model(servicer, jobs.checkpoint).name}
+async def options(engine: EngineDep, jobs: A1111Jobs) -> dict:
+    return {"sd_model_checkpoint": image_model(engine, jobs.checkpoint).name}
 
 
 @router.post("/options")
-async def set_options(http: Request, servicer: Servicer, jobs: A1111Jobs) -> None:
+async def set_options(http: Request, engine: EngineDep, jobs: A1111Jobs) -> None:
     body = await read_body(http, dict[str, Any])
     unknown = sorted(set(body) - {"sd_model_checkpoint"})
     if unknown:
         raise A1111Error(400, f"{', '.join(unknown)}: only sd_model_checkpoint can be set here")
     if "sd_model_checkpoint" in body:
-        jobs.checkpoint = image_model(servicer, str(body["sd_model_checkpoint"])).name
+        jobs.checkpoint = image_model(engine, str(body["sd_model_checkpoint"])).name
 
 
 @router.get("/sd-models")
-async def sd_models(servicer: Servicer) -> list[dict]:
+async def sd_models(engine: EngineDep) -> list[dict]:
     return [
         {"title": m.name, "model_name": m.name, "hash": None, "sha256": None, "filename": m.name, "config": None}
-        for m in servicer.registry.image.values()
+        for m in engine.registry.image.values()
     ]
 
 
 @router.get("/loras")
-async def loras(servicer: Servicer) -> list[dict]:
-    model = servicer.registry.image_model("")
+async def loras(engine: EngineDep) -> list[dict]:
+    model = engine.registry.image_model("")
     try:
         reply = await model.stub.ListLoras(diffusion_pb2.ListLorasRequest(), timeout=LIST_TIMEOUT_S)
     except grpc.aio.AioRpcError as exc:

@@ -1,4 +1,4 @@
-"""OpenAI request bodies as the gateway's own requests (GenerateRequest, ImageRequest).
+"""OpenAI request bodies as the engine's requests (TextRequest) and the diffusion service's (ImageRequest).
 
 Each converter also returns `renames`: gateway field name -> the body parameter it came from, so that an
 error the gateway raises (say on `samplers[1].params.top_p`) names what the client sent (`top_p`).
@@ -9,14 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import replace
 
-from google.protobuf import struct_pb2
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
+from muestra.gateway.engine.requests import Message, Step, TextRequest
 from muestra.gateway.http.errors import bad_request
 from muestra.gateway.http.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageGenerationRequest
 from muestra.gateway.http.openai.tools import template_tool_calls, tool_inputs
-from muestra.v1 import common_pb2, diffusion_pb2, gateway_pb2
+from muestra.v1 import diffusion_pb2
 
 # OpenAI's and the extensions' sampling fields, in transformers' processor order; the first four are
 # kept in front of greedy when temperature is 0.
@@ -76,33 +77,28 @@ def _routing_hint(body) -> str:
     return body.user if len(body.user) <= 64 else hashlib.blake2b(body.user.encode(), digest_size=16).hexdigest()
 
 
-def _base_request(body, max_tokens: int, logprobs: bool, top_logprobs: int) -> gateway_pb2.GenerateRequest:
+def _base_request(body, max_tokens: int, logprobs: bool, top_logprobs: int) -> TextRequest:
     chain, _ = sampler_chain(body)
-    request = gateway_pb2.GenerateRequest(
+    speculation = None
+    if body.speculation is not None:
+        asked = body.speculation
+        speculation = Step(asked) if isinstance(asked, str) else Step(asked.proposer, dict(asked.params or {}))
+    return TextRequest(
         model=body.model,
         max_tokens=max_tokens,
-        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or ()),
-        stop_token_ids=body.stop_token_ids or [],
+        samplers=tuple(Step(spec["name"], dict(spec["params"])) for spec in chain),
         n=body.n,
+        seed=body.seed,
+        stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         ignore_eos=body.ignore_eos,
         allow_special_tokens=body.allow_special_tokens,
         include_stop_str_in_output=body.include_stop_str_in_output,
+        speculation=speculation,
         prompt_cache_key=_routing_hint(body),
     )
-    if body.seed is not None:
-        request.seed = body.seed
-    if body.speculation is not None:
-        speculation = body.speculation
-        request.speculation.proposer = speculation if isinstance(speculation, str) else speculation.proposer
-        if not isinstance(speculation, str) and speculation.params:
-            request.speculation.params.update(speculation.params)
-    for spec in chain:
-        params = struct_pb2.Struct()
-        params.update(spec["params"])
-        request.samplers.append(gateway_pb2.SamplerSpec(name=spec["name"], params=params))
-    return request
 
 
 def _choice_grammar(choices: list[str]) -> str:
@@ -174,8 +170,8 @@ def _checked_choices(field: str, choices: list[str]) -> str:
     return _choice_grammar(choices)
 
 
-def _set_constraint(request: gateway_pb2.GenerateRequest, body, tool_grammar: str | None = None) -> dict[str, str]:
-    """Put the body's one output constraint (or the tools' grammar) on the request; the renames of its fields.
+def _constraint(body, tool_grammar: str | None = None) -> tuple[Step | None, dict[str, str]]:
+    """The body's one output constraint (or the tools' grammar), and the renames of its fields.
 
     More than one is a 400 naming them all."""
     given = _given_constraints(body)
@@ -187,17 +183,14 @@ def _set_constraint(request: gateway_pb2.GenerateRequest, body, tool_grammar: st
             )
         given = [("tools", "grammar", {"lark": tool_grammar}, {})]
     if not given:
-        return {}
+        return None, {}
     if len(given) > 1:
         fields = ", ".join(field for field, *_ in given)
         raise bad_request(given[1][0], f"give one output constraint, not several ({fields})")
     field, name, params, inner = given[0]
-    spec = struct_pb2.Struct()
-    spec.update(params)
-    request.constraint.CopyFrom(gateway_pb2.ConstraintSpec(name=name, params=spec))
     renames = {"constraint": field, "constraint.params": field}
     renames.update({f"constraint.{key}": f"{field}.{value}" for key, value in inner.items()})
-    return renames
+    return Step(name, params), renames
 
 
 def _check_stream_options(body) -> None:
@@ -205,10 +198,8 @@ def _check_stream_options(body) -> None:
         raise bad_request("stream_options", "is only allowed when stream is true")
 
 
-def completion_requests(
-    body: CompletionRequest, max_prompts: int
-) -> tuple[list[gateway_pb2.GenerateRequest], dict[str, str]]:
-    """One GenerateRequest per prompt (a list prompt gives several), and the renames."""
+def completion_requests(body: CompletionRequest, max_prompts: int) -> tuple[list[TextRequest], dict[str, str]]:
+    """One TextRequest per prompt (a list prompt gives several), and the renames."""
     _check_stream_options(body)
     if body.suffix:
         raise bad_request("suffix", "is not supported", "unsupported_parameter")
@@ -224,13 +215,12 @@ def completion_requests(
     if len(prompts) > max_prompts:
         raise bad_request("prompt", f"holds {len(prompts)} prompts; the limit is {max_prompts}")
     logprobs = body.logprobs is not None
-    requests = []
-    for prompt in prompts:
-        request = _base_request(body, body.max_tokens or 0, logprobs, body.logprobs or 0)
-        request.prompt = prompt
-        request.add_special_tokens = body.add_special_tokens
-        constraint_renames = _set_constraint(request, body)
-        requests.append(request)
+    base = _base_request(body, body.max_tokens or 0, logprobs, body.logprobs or 0)
+    constraint, constraint_renames = _constraint(body)
+    requests = [
+        replace(base, prompt=prompt, add_special_tokens=body.add_special_tokens, constraint=constraint)
+        for prompt in prompts
+    ]
     _, renames = sampler_chain(body)
     return requests, {**renames, **constraint_renames, "top_logprobs": "logprobs"}
 
@@ -248,7 +238,7 @@ def _message_text(index: int, content) -> str:
     return "\n".join(texts)
 
 
-def chat_request(body: ChatCompletionRequest) -> tuple[gateway_pb2.GenerateRequest, dict[str, str]]:
+def chat_request(body: ChatCompletionRequest) -> tuple[TextRequest, dict[str, str]]:
     _check_stream_options(body)
     if body.functions or body.function_call not in (None, "none", "auto"):
         name = "functions" if body.functions else "function_call"
@@ -259,23 +249,21 @@ def chat_request(body: ChatCompletionRequest) -> tuple[gateway_pb2.GenerateReque
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs", "needs logprobs to be true")
     max_tokens = body.max_completion_tokens or body.max_tokens or 0
-    request = _base_request(body, max_tokens, body.logprobs, body.top_logprobs or 0)
-    request.messages.CopyFrom(
-        common_pb2.ChatMessages(
-            messages=[
-                common_pb2.ChatMessage(
-                    role=m.role,
-                    content=_message_text(i, m.content),
-                    name=m.name or "",
-                    tool_calls_json=template_tool_calls(m),
-                    tool_call_id=m.tool_call_id or "",
-                )
-                for i, m in enumerate(body.messages)
-            ]
+    messages = tuple(
+        Message(
+            role=m.role,
+            content=_message_text(i, m.content),
+            name=m.name or "",
+            tool_calls_json=template_tool_calls(m),
+            tool_call_id=m.tool_call_id or "",
         )
+        for i, m in enumerate(body.messages)
     )
-    request.tools_json = tools_json
-    constraint_renames = _set_constraint(request, body, tool_grammar)
+    constraint, constraint_renames = _constraint(body, tool_grammar)
+    request = replace(
+        _base_request(body, max_tokens, body.logprobs, body.top_logprobs or 0),
+        messages=messages, tools_json=tools_json, constraint=constraint,
+    )  # fmt: skip
     _, renames = sampler_chain(body)
     renames.update(constraint_renames)
     renames["tools_json"] = "tools"

@@ -22,11 +22,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field, ValidationError
 from starlette.datastructures import UploadFile
 
+from muestra.gateway.engine.engine import Engine
 from muestra.gateway.http.errors import OpenAIError, bad_request, from_muestra, from_validation, internal
 from muestra.gateway.http.openai.convert import image_request
 from muestra.gateway.http.openai.schemas import UINT32_MAX, ImageGenerationRequest
 from muestra.gateway.http.streams import SSE_DONE, ClientGone, ClosingStreamingResponse, cancel_on_disconnect, sse
-from muestra.gateway.rpc.server import GatewayServicer
 from muestra.runtime.errors import MuestraError
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import diffusion_pb2
@@ -80,7 +80,7 @@ def _event(payload: dict) -> str:
     return f"event: {payload['type']}\n" + sse(payload)
 
 
-async def respond_edits(servicer: GatewayServicer, http: Request) -> Response:
+async def respond_edits(engine: Engine, http: Request) -> Response:
     form = await http.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS)
     files = {key: [v for v in form.getlist(key) if isinstance(v, UploadFile)] for key in ("image", "image[]", "mask")}
     images = files["image"] + files["image[]"]
@@ -105,27 +105,27 @@ async def respond_edits(servicer: GatewayServicer, http: Request) -> Response:
     request.mask_blur = body.mask_blur or 0
     request.invert_mask = body.invert_mask
     renames = {**renames, "init_image": "image", "mask_image": "mask"}
-    return await respond_image_request(servicer, request, renames, body, http)
+    return await respond_image_request(engine, request, renames, body, http)
 
 
-async def respond_images(servicer: GatewayServicer, body: ImageGenerationRequest, http: Request) -> Response:
+async def respond_images(engine: Engine, body: ImageGenerationRequest, http: Request) -> Response:
     request, renames = image_request(body)
-    return await respond_image_request(servicer, request, renames, body, http)
+    return await respond_image_request(engine, request, renames, body, http)
 
 
 async def respond_image_request(
-    servicer: GatewayServicer,
+    engine: Engine,
     request: diffusion_pb2.ImageRequest,
     renames: dict[str, str],
     body: ImageGenerationRequest,
     http: Request,
 ) -> Response:
     if body.stream:
-        return await _stream(servicer, request, body.partial_images, renames, http)
+        return await _stream(engine, request, body.partial_images, renames, http)
 
     async def generate() -> list[diffusion_pb2.GeneratedImage]:
         images = []
-        async with contextlib.aclosing(servicer.GenerateImage(request, None)) as stream:
+        async with contextlib.aclosing(engine.generate_image(request)) as stream:
             async for message in stream:
                 if message.WhichOneof("kind") == "image":
                     images.append(message.image)
@@ -145,13 +145,13 @@ async def respond_image_request(
 
 
 async def _stream(
-    servicer: GatewayServicer,
+    engine: Engine,
     request: diffusion_pb2.ImageRequest,
     partial_images: int | None,
     renames: dict[str, str],
     http: Request,
 ) -> Response:
-    stream = servicer.GenerateImage(request, None)
+    stream = engine.generate_image(request)
     try:  # the status line waits for the first message, so that a refused request gets its own status
         first = await cancel_on_disconnect(http, anext(stream, None))
     except ClientGone:  # cancelling the wait for the first message cancelled the diffusion call

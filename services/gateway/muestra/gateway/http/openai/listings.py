@@ -18,8 +18,8 @@ from prometheus_client import REGISTRY
 
 from muestra.gateway.engine.sampling import default_specs
 from muestra.gateway.http.errors import OpenAIError
-from muestra.gateway.http.state import Servicer
-from muestra.v1 import diffusion_pb2, gateway_pb2
+from muestra.gateway.http.state import EngineDep
+from muestra.v1 import diffusion_pb2
 
 log = logging.getLogger("muestra.gateway.openai")
 router = APIRouter(prefix="/v1")
@@ -51,27 +51,26 @@ async def _schedulers(model) -> diffusion_pb2.ListSchedulersResponse | None:
         return None
 
 
-async def _model_cards(servicer, created: int) -> list[dict]:
-    listing = await servicer.ListModels(gateway_pb2.ListModelsRequest(), None)
+async def _model_cards(engine, created: int) -> list[dict]:
     cards = []
-    for m in listing.models:
+    for m in engine.models():
         card = {"id": m.name, "object": "model", "created": created, "owned_by": "muestra", "kind": m.kind}
         if m.kind == "text":
             card.update(max_model_len=m.context_length, vocab_size=m.vocab_size, replicas=m.replicas)
             # The chain a request without `samplers` gets, from the model's generation_config.json (the playground's).
-            card["default_samplers"] = default_specs(servicer.registry.text[m.name].generation_config)
+            card["default_samplers"] = default_specs(engine.registry.text[m.name].generation_config)
         cards.append(card)
     return cards
 
 
 @router.get("/models")
-async def list_models(http: Request, servicer: Servicer) -> dict:
-    return {"object": "list", "data": await _model_cards(servicer, http.app.state.created)}
+async def list_models(http: Request, engine: EngineDep) -> dict:
+    return {"object": "list", "data": await _model_cards(engine, http.app.state.created)}
 
 
 @router.get("/models/{model:path}")
-async def retrieve_model(model: str, http: Request, servicer: Servicer) -> dict:
-    cards = await _model_cards(servicer, http.app.state.created)
+async def retrieve_model(model: str, http: Request, engine: EngineDep) -> dict:
+    cards = await _model_cards(engine, http.app.state.created)
     for card in cards:
         if card["id"] == model:
             return card
@@ -80,32 +79,31 @@ async def retrieve_model(model: str, http: Request, servicer: Servicer) -> dict:
 
 
 @router.get("/samplers")
-async def samplers(servicer: Servicer) -> dict:
-    listing = await servicer.ListSamplers(gateway_pb2.ListSamplersRequest(), None)
-    kinds = {entry.name: entry.kind for entry in servicer.samplers.list()}  # where a chain may place each
+async def samplers(engine: EngineDep) -> dict:
     return {
         "object": "list",
         "data": [
             {
-                "name": s.name,
-                "plugin": s.plugin,
-                "distribution": s.distribution,
-                "version": s.version,
-                "description": s.description,
-                "parameters": json.loads(s.parameter_schema or "{}"),
-                "argmax_invariant": s.argmax_invariant,
-                "kind": kinds.get(s.name, ""),
+                "name": entry.sampler.name,
+                "plugin": entry.plugin,
+                "distribution": entry.distribution,
+                "version": entry.version,
+                "description": entry.sampler.description,
+                # sorted keys, as ListSamplers' parameter_schema
+                "parameters": json.loads(json.dumps(entry.sampler.parameter_schema, sort_keys=True)),
+                "argmax_invariant": entry.sampler.argmax_invariant,
+                "kind": entry.kind,  # where a chain may place it
             }
-            for s in listing.samplers
+            for entry in engine.samplers.list()
         ],
     }
 
 
 @router.get("/schedulers")
-async def schedulers(servicer: Servicer) -> dict:
+async def schedulers(engine: EngineDep) -> dict:
     found: dict[str, dict] = {}
     unanswered = []
-    models = list(servicer.registry.image.values())
+    models = list(engine.registry.image.values())
     replies = await asyncio.gather(*(_schedulers(model) for model in models))
     for model, reply in zip(models, replies, strict=True):
         if reply is None:  # the others are still worth listing: say whose schedulers are missing instead
@@ -139,13 +137,13 @@ def _replica(scheduler) -> dict:
 
 
 @router.get("/status")
-async def status(http: Request, servicer: Servicer) -> dict:
+async def status(http: Request, engine: EngineDep) -> dict:
     models = []
     running = waiting = 0
     query_tokens = hit_tokens = 0
     enabled = False
-    for model in servicer.registry.text.values():
-        replicas = [_replica(scheduler) for scheduler in list(servicer.routers[model.name].schedulers.values())]
+    for model in engine.registry.text.values():
+        replicas = [_replica(scheduler) for scheduler in list(engine.routers[model.name].schedulers.values())]
         running += sum(replica["requests_running"] for replica in replicas)
         waiting += sum(replica["requests_waiting"] for replica in replicas)
         if model.prefix_cache is not None:
@@ -155,8 +153,8 @@ async def status(http: Request, servicer: Servicer) -> dict:
         models.append(
             {"name": model.name, "kind": "text", "context_length": model.context_length, "replicas": replicas}
         )
-    images = list(servicer.registry.image.values())
-    timeout_s = servicer.config.health_timeout_s
+    images = list(engine.registry.image.values())
+    timeout_s = engine.config.health_timeout_s
     health = await asyncio.gather(*(_serving(m.channel, timeout_s) for m in images))
     for model, healthy in zip(images, health, strict=True):
         models.append(
@@ -173,5 +171,5 @@ async def status(http: Request, servicer: Servicer) -> dict:
         },
         "uptime_s": time.monotonic() - http.app.state.started,
         # The playground's gRPC example targets it; None when the gateway was told to pick a free port (--port 0).
-        "grpc_port": servicer.config.port or None,
+        "grpc_port": engine.config.port or None,
     }

@@ -39,7 +39,7 @@ from muestra.gateway.http.openai.response_items import (
 from muestra.gateway.http.openai.response_store import owner_of
 from muestra.gateway.http.openai.schemas import ChatCompletionRequest
 from muestra.gateway.http.openai.text import TextRun
-from muestra.gateway.http.state import Servicer
+from muestra.gateway.http.state import EngineDep
 from muestra.gateway.http.streams import ClientGone, ClosingStreamingResponse
 from muestra.runtime.auth import bearer_value
 from muestra.v1 import gateway_pb2
@@ -88,8 +88,8 @@ def _chat_body(body: ResponsesRequest, conversation: list[dict]) -> ChatCompleti
 class ResponseRun:
     """One POST /v1/responses on its way through the gateway's chat path."""
 
-    def __init__(self, servicer, body: ResponsesRequest, store, owner: str) -> None:
-        self.servicer = servicer
+    def __init__(self, engine, body: ResponsesRequest, store, owner: str) -> None:
+        self.engine = engine
         self.body = body
         self.store = store
         self.owner = owner
@@ -114,7 +114,7 @@ class ResponseRun:
         except OpenAIError as exc:
             raise renamed(exc) from None
         renames = {field: responses_param(param) for field, param in renames.items()}
-        run = TextRun(self.servicer, chat, [request], renames, chat=True)
+        run = TextRun(self.engine, chat, [request], renames, chat=True)
         run.choices.tool_calls = bool(chat.tools) and chat.tool_choice != "none"
         return run
 
@@ -304,8 +304,8 @@ class EventStream:
 
 
 @router.post("/responses")
-async def create_response(body: ResponsesRequest, http: Request, servicer: Servicer) -> Response:
-    return await ResponseRun(servicer, body, http.app.state.response_store, _owner(http)).respond(http)
+async def create_response(body: ResponsesRequest, http: Request, engine: EngineDep) -> Response:
+    return await ResponseRun(engine, body, http.app.state.response_store, _owner(http)).respond(http)
 
 
 @router.get("/responses/{response_id}")

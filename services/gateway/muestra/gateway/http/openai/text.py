@@ -8,6 +8,7 @@ import logging
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from muestra.gateway.engine.engine import Engine, stream_generation
 from muestra.gateway.http.errors import OpenAIError, from_muestra, internal
 from muestra.gateway.http.openai.responses import Choices, envelope
 from muestra.gateway.http.streams import (
@@ -18,7 +19,6 @@ from muestra.gateway.http.streams import (
     merge,
     sse,
 )
-from muestra.gateway.rpc.server import GatewayServicer, stream_generation
 from muestra.runtime.errors import MuestraError
 from muestra.runtime.logs import request_id_var
 from muestra.v1 import gateway_pb2
@@ -29,8 +29,8 @@ log = logging.getLogger("muestra.gateway.openai")
 class TextRun:
     """One completions or chat request on its way through the gateway."""
 
-    def __init__(self, servicer: GatewayServicer, body, requests, renames: dict[str, str], chat: bool) -> None:
-        self.servicer = servicer
+    def __init__(self, engine: Engine, body, requests, renames: dict[str, str], chat: bool) -> None:
+        self.engine = engine
         self.body = body
         self.requests = requests
         self.renames = renames
@@ -51,8 +51,8 @@ class TextRun:
     async def start(self):
         """Validate, tokenize and submit every generation; (choice, message) iterator and the model."""
         try:
-            prepared = [await self.servicer.prepare(request, None) for request in self.requests]
-            model = self.servicer.registry.text_model(self.requests[0].model)
+            prepared = [await self.engine.prepare(request, None) for request in self.requests]
+            model = self.engine.registry.text_model(self.requests[0].model)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error
             raise self.error(exc) from None
         return merge([stream_generation(g, s) for g, s in prepared], self.body.n), model

@@ -15,8 +15,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
+from muestra.gateway.engine import requests
+from muestra.gateway.http.errors import from_muestra
 from muestra.runtime.errors import MuestraError
-from muestra.v1 import common_pb2, gateway_pb2
 
 STATIC = resources.files(__package__) / "static"
 PREFIX = "/ui/"
@@ -100,18 +101,13 @@ class TokenizeBody(BaseModel):
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeBody, http: Request) -> dict:
-    # Imported here: the openai package imports this one (its Edge lets the page's files through).
-    from muestra.gateway.http.errors import from_muestra
-
-    request = gateway_pb2.TokenizeRequest(model=body.model)
+    messages = prompt = None
     if body.messages is not None:
-        chat = [common_pb2.ChatMessage(role=m.role, content=m.content) for m in body.messages]
-        request.messages.CopyFrom(common_pb2.ChatMessages(messages=chat))
+        messages = [requests.Message(role=m.role, content=m.content) for m in body.messages]
     elif body.prompt is not None:
-        request.prompt = body.prompt
-        request.add_special_tokens = body.add_special_tokens
+        prompt = body.prompt
     try:
-        reply = await http.app.state.servicer.Tokenize(request, None)
+        encoding, model = await http.app.state.engine.tokenize(body.model, prompt, messages, body.add_special_tokens)
     except MuestraError as exc:
         raise from_muestra(exc) from None
-    return {"count": len(reply.ids), "max_model_len": reply.context_length, "tokens": list(reply.ids)}
+    return {"count": len(encoding.ids), "max_model_len": model.context_length, "tokens": list(encoding.ids)}

@@ -20,7 +20,7 @@ from muestra.lm.adoption import adopt_past
 from muestra.lm.batch import NO_IDS, Batch, RowCache
 from muestra.lm.batch_table import BatchTable
 from muestra.lm.bursts import burst, check_burst_rows
-from muestra.lm.drafts import check_draft_rows, draft_counts, rolled_back, verify, why_drafts_are_refused
+from muestra.lm.drafts import check_draft_rows, draft_counts, rolled_back, verify
 from muestra.lm.engine_io import ChunkedPrefill, DecodeInput, Load, PrefillInput, StepResult
 from muestra.lm.hot_tier import HotTier, Resident
 from muestra.lm.lanes import Lanes, join
@@ -46,10 +46,7 @@ class Engine:
     ) -> None:
         self.decoder = decoder
         self.info = decoder.info
-        self.limits = Limits(
-            decoder.info, max_batch_rows, max_top_n, max_tokens_per_row, max_greedy_steps, max_draft_tokens,
-            why_drafts_are_refused(decoder),
-        )  # fmt: skip
+        self.limits = Limits(decoder, max_batch_rows, max_top_n, max_tokens_per_row, max_greedy_steps, max_draft_tokens)
         self.kv_budget_bytes = kv_budget_bytes
         self.table = BatchTable()
         # The KV of rows that left, kept within the budget's room (None: none is kept).

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from muestra.lm.batch import NO_IDS, Batch, OutputSpec
-from muestra.lm.drafts import check_rollback, draft_counts
+from muestra.lm.drafts import check_rollback, draft_counts, why_drafts_are_refused
 from muestra.lm.engine_io import DecodeInput, PrefillInput
 from muestra.lm.lanes import Lanes
-from muestra.lm.model import ModelInfo
+from muestra.lm.model import OnnxDecoder
 from muestra.runtime.errors import InvalidArgument, check_limit
 from muestra.v1 import lm_pb2
 
@@ -24,22 +24,21 @@ class Limits:
 
     def __init__(
         self,
-        info: ModelInfo,
+        decoder: OnnxDecoder,
         max_batch_rows: int,
         max_top_n: int,
         max_tokens_per_row: int,
         max_greedy_steps: int,
         max_draft_tokens: int,
-        drafts_refused: str,
     ) -> None:
-        self.info = info
+        self.info = decoder.info
         self.max_batch_rows = max_batch_rows
         self.max_top_n = max_top_n
         self.max_tokens_per_row = max_tokens_per_row
         self.max_greedy_steps = max_greedy_steps
         # Why this graph cannot verify drafts ("" when it can); then it takes none.
-        self.drafts_refused = drafts_refused
-        self.max_draft_tokens = 0 if drafts_refused else max_draft_tokens
+        self.drafts_refused = why_drafts_are_refused(decoder)
+        self.max_draft_tokens = 0 if self.drafts_refused else max_draft_tokens
         self._suppressed_sets: dict[bytes, np.ndarray] = {}
 
     def check_output(self, field: str, kind: int, top_n: int) -> OutputSpec:

@@ -18,8 +18,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from muestra.client import Client, MuestraError, ResourceExhaustedError
-from muestra.gateway.engine.backends import LmReplica
-from muestra.gateway.engine.generation.kv_admission import KvAdmission, KvBudget, batch_ends, request_ends, row_end
+from muestra.gateway.engine.clients.backends import LmReplica
+from muestra.gateway.engine.clients.kv_budget import KvBudget
+from muestra.gateway.engine.generation.kv_admission import KvAdmission, batch_ends, request_ends, row_end
 from muestra.gateway.engine.generation.request import BeamRow, GenerationRequest
 from muestra.v1 import common_pb2, lm_pb2
 from tests.fixtures.text_stack import start_gateway

@@ -9,7 +9,7 @@ import gc
 import grpc
 import pytest
 
-from muestra.gateway.engine.generation.step_stream import StepStream
+from muestra.gateway.engine.clients.step_stream import StepStream
 from muestra.runtime.channels import service_channel
 
 

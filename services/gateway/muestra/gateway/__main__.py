@@ -8,7 +8,7 @@ import logging
 import time
 
 from muestra.gateway.config import GatewayConfig
-from muestra.gateway.engine.backends import BackendError, ModelRegistry
+from muestra.gateway.engine.clients.backends import BackendError, ModelRegistry
 from muestra.gateway.engine.engine import Engine
 from muestra.gateway.engine.sampling import SamplerRegistry
 from muestra.gateway.rpc.server import GatewayServicer

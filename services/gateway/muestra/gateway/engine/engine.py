@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from muestra.gateway.config import GatewayConfig
-from muestra.gateway.engine.backends import ModelRegistry, TextModel
 from muestra.gateway.engine.clients import DiffusionClient, TokenizerClient
+from muestra.gateway.engine.clients.backends import ModelRegistry, TextModel
+from muestra.gateway.engine.clients.progress import Watchdog
 from muestra.gateway.engine.constraints.engine import ConstraintLimits, GrammarEngine
 from muestra.gateway.engine.constraints.registry import ConstraintRegistry
-from muestra.gateway.engine.generation.progress import Watchdog
 from muestra.gateway.engine.generation.request import GenerationRequest
 from muestra.gateway.engine.generation.routing import Router
 from muestra.gateway.engine.generation.step_policy import ROW_INVARIANT, wants_row_invariance

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from muestra.gateway.engine.generation.kv_admission import KvBudget
+from muestra.gateway.engine.clients.kv_budget import KvBudget
 from muestra.gateway.engine.prefix import LookupHealth, PrefixLookup, open_redis
 from muestra.runtime.channels import service_channel
 from muestra.runtime.errors import NotFound

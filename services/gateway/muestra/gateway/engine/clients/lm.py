@@ -20,9 +20,9 @@ import uuid
 import grpc
 import numpy as np
 
-from muestra.gateway.engine.backends import LmReplica
-from muestra.gateway.engine.generation.progress import Progress
-from muestra.gateway.engine.generation.step_stream import StepStream
+from muestra.gateway.engine.clients.backends import LmReplica
+from muestra.gateway.engine.clients.progress import Progress
+from muestra.gateway.engine.clients.step_stream import StepStream
 from muestra.runtime.calls import grpc_error_to_muestra
 from muestra.runtime.errors import Unavailable
 from muestra.runtime.step_streams import LEASE_HEADER

@@ -16,10 +16,10 @@ import contextlib
 
 import grpc
 
-from muestra.gateway.engine.backends import TextModel
-from muestra.gateway.engine.generation.progress import Progress
+from muestra.gateway.engine.clients.backends import TextModel
+from muestra.gateway.engine.clients.progress import Progress
+from muestra.gateway.engine.clients.step_stream import StepStream
 from muestra.gateway.engine.generation.request import Sequence
-from muestra.gateway.engine.generation.step_stream import StepStream
 from muestra.runtime.errors import Unavailable
 from muestra.v1 import gateway_pb2, tokenizer_pb2
 

@@ -22,7 +22,7 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from muestra.gateway.engine.backends import LmReplica, TextModel, expand_target
+from muestra.gateway.engine.clients.backends import LmReplica, TextModel, expand_target
 from muestra.gateway.engine.generation.request import GenerationRequest
 from muestra.gateway.engine.generation.scheduler import ReplicaScheduler
 from muestra.runtime.channels import service_channel

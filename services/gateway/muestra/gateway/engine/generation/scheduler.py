@@ -24,7 +24,9 @@ import time
 from collections.abc import Callable
 
 from muestra.gateway import metrics
-from muestra.gateway.engine.backends import LmReplica, TextModel
+from muestra.gateway.engine.clients.backends import LmReplica, TextModel
+from muestra.gateway.engine.clients.lm import LmClient, LmFailed, logits_matrix
+from muestra.gateway.engine.clients.progress import Progress
 from muestra.gateway.engine.generation.batch import (
     Joining,
     Row,
@@ -35,9 +37,7 @@ from muestra.gateway.engine.generation.batch import (
 )
 from muestra.gateway.engine.generation.detokenizer import Detokenizer, TokenizerFailed
 from muestra.gateway.engine.generation.kv_admission import KvAdmission
-from muestra.gateway.engine.generation.lm_client import LmClient, LmFailed, logits_matrix
 from muestra.gateway.engine.generation.outputs import OutputProcessor
-from muestra.gateway.engine.generation.progress import Progress
 from muestra.gateway.engine.generation.request import GenerationRequest, Sequence
 from muestra.gateway.engine.generation.speculation import SpeculationPolicy
 from muestra.gateway.engine.generation.step_policy import StepPolicy, row_invariant, stop_ids, tokens_per_row

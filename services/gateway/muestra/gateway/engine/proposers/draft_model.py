@@ -31,8 +31,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from muestra.gateway.engine.generation.lm_client import LmClient, LmFailed
-from muestra.gateway.engine.generation.progress import Progress
+from muestra.gateway.engine.clients.lm import LmClient, LmFailed
+from muestra.gateway.engine.clients.progress import Progress
 from muestra.plugin import ADAPTIVE, MAX_DRAFT_TOKENS, REQUIRED, DraftProposer, DraftRow, String
 from muestra.runtime.errors import InvalidArgument, MuestraError
 from muestra.v1 import lm_pb2

@@ -16,7 +16,8 @@ from transformers import AutoConfig
 
 from muestra.lm.export import ExportError, export_lm
 from muestra.lm.export.families import FAMILIES
-from muestra.lm.model import ModelFolderError, OnnxDecoder
+from muestra.lm.model import OnnxDecoder
+from muestra.lm.model_folder import ModelFolderError
 from muestra.v1 import lm_pb2
 from tests.fixtures.lm_models import EXTRA_FAMILIES, MAX_POSITIONS, VARIANTS, save_tiny_tokenizer
 from tests.lm.lm_client import prompts

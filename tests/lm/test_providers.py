@@ -6,7 +6,7 @@ import grpc
 import onnxruntime as ort
 import pytest
 
-from muestra.lm.model import nvidia_driver_present
+from muestra.lm.providers import nvidia_driver_present
 from muestra.v1 import lm_pb2, lm_pb2_grpc
 from tests.fixtures.lm_service import start_lm
 

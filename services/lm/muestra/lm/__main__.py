@@ -7,7 +7,7 @@ import sys
 from muestra.lm.config import LmConfig
 from muestra.lm.hot_tier import HotTier
 from muestra.lm.memory import keep_freed_memory
-from muestra.lm.model import ModelFolderError
+from muestra.lm.model_folder import ModelFolderError
 from muestra.lm.prefix_cache import open_prefix_cache
 from muestra.lm.server import load_engine, service_spec
 from muestra.runtime import load_config, run_service

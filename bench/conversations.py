@@ -56,9 +56,9 @@ import openai  # noqa: E402
 
 from bench import llama_cpp  # noqa: E402
 from bench.speculative import cpu_name  # noqa: E402
-from bench.stack import LocalStack, Process  # noqa: E402
+from bench.stack import LocalStack  # noqa: E402
 from bench.workload import percentiles  # noqa: E402
-from tests.harness import free_port  # noqa: E402
+from muestra.cli.launch import Process, free_port  # noqa: E402
 
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 SLOTS = {"a": 8, "b": 16, "c": 4}  # llama-server -np per scenario
@@ -134,7 +134,8 @@ def serve_llama(
     port = free_port()
     command = [str(llama_cpp.server_binary()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
     command += ["-t", str(threads), "-np", str(slots), "-c", str(context), "--jinja"]
-    process = Process(f"llama-server-{label}", command, log_dir, port, grpc_health=False)
+    name = f"llama-server-{label}"
+    process = Process(name, command, log_dir / f"{name}.log", port, grpc_health=False)
     process.start()
     deadline = time.monotonic() + 120
     while True:  # the port opens before the model is loaded (503 until then)

@@ -54,7 +54,7 @@ import urllib.request  # noqa: E402
 from bench import llama_cpp  # noqa: E402
 from bench.conversations import MODEL, CpuMeter, Server, gather_all, serve_llama, start_muestra  # noqa: E402
 from bench.speculative import cpu_name  # noqa: E402
-from bench.stack import Process  # noqa: E402
+from muestra.cli.launch import Process  # noqa: E402
 
 # generation_config.json gives temperature and top_p; top_k 50 is transformers' default, which it keeps.
 MODEL_CHAIN = {"temperature": 0.2, "top_k": 50, "top_p": 0.9}

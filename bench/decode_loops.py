@@ -15,9 +15,9 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 
+from muestra.cli.launch import ServiceProcess
 from muestra.lm.export.checks import last_position
 from muestra.v1 import lm_pb2, lm_pb2_grpc
-from tests.harness import ServiceProcess
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
 _KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}

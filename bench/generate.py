@@ -39,8 +39,8 @@ import numpy as np  # noqa: E402
 
 from bench import decode_models  # noqa: E402
 from bench.decode_loops import ServiceLoop, SharedBufferLoop, StreamLoop, TorchLoop  # noqa: E402
+from muestra.cli.launch import ServiceProcess  # noqa: E402
 from muestra.client import Client  # noqa: E402
-from tests.harness import ServiceProcess  # noqa: E402
 
 CONCURRENCY = (1, 4, 8, 16)
 PROMPT_WORDS = 16

@@ -127,9 +127,9 @@ def diffusion(args, log_dir: Path) -> bool:
     """One image from the default image model on CUDA float16 and on CPU float32, the same seed."""
     import grpc
 
+    from muestra.cli.launch import ServiceProcess
     from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc
     from tests.diffusion.client import pixels
-    from tests.harness import ServiceProcess
 
     images = {}
     for device, dtype in ((GPU["diffusion"], GPU["dtype"]), ("cpu", "float32")):

@@ -38,8 +38,8 @@ import time  # noqa: E402
 import grpc  # noqa: E402
 
 from bench import decode_models  # noqa: E402
+from muestra.cli.launch import ServiceProcess, free_port  # noqa: E402
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
-from tests.harness import ServiceProcess, free_port  # noqa: E402
 
 WAYS = {
     "grpc": "gRPC Generate, stub (baseline)",

@@ -40,9 +40,9 @@ import numpy as np  # noqa: E402
 import redis  # noqa: E402
 
 from bench import decode_models  # noqa: E402
+from muestra.cli.launch import RedisServer, ServiceProcess  # noqa: E402
 from muestra.runtime.prefix_hash import block_hashes  # noqa: E402
 from muestra.v1 import gateway_pb2, gateway_pb2_grpc, lm_pb2, lm_pb2_grpc  # noqa: E402
-from tests.harness import RedisServer, ServiceProcess  # noqa: E402
 
 BLOCK = 32
 KEY_PREFIX = "muestra:bench:"

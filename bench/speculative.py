@@ -49,9 +49,9 @@ import time  # noqa: E402
 
 import grpc  # noqa: E402
 
+from muestra.cli.launch import ServiceProcess  # noqa: E402
 from muestra.client.types import build_request  # noqa: E402
 from muestra.v1 import gateway_pb2_grpc  # noqa: E402
-from tests.harness import ServiceProcess  # noqa: E402
 
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 CACHE = Path(os.environ.get("MUESTRA_CACHE_DIR", Path.home() / ".cache" / "muestra")) / "bench"

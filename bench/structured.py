@@ -39,8 +39,8 @@ import numpy as np  # noqa: E402
 
 from bench import decode_models  # noqa: E402
 from bench.llama_cpp import llama_tokenizer  # noqa: E402
+from muestra.cli.launch import ServiceProcess, free_port  # noqa: E402
 from muestra.client import Client  # noqa: E402
-from tests.harness import ServiceProcess, free_port  # noqa: E402
 
 TEXT_FIXTURE = ROOT / "models" / "tiny-text-fixture"
 PROMPT = "Describe the customer as JSON:"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from muestra.cli.launch import free_port
 from tests.cli.conftest import MUESTRA, TEXT_FIXTURE, assert_fails_in_one_line, muestra
-from tests.harness import free_port
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from muestra.cli.endpoints import HTTP_PORT, HTTP_PORT_OFFSET
+from muestra.cli.launch import free_port
 from tests.cli.conftest import MUESTRA, TEXT_FIXTURE, assert_fails_in_one_line, muestra
-from tests.harness import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,13 +12,14 @@ Every await on the lm or the tokenizer has a deadline. When the lm replica fails
 deadline) its requests that have not streamed anything move to another replica, once, and the
 others end with UNAVAILABLE naming the replica; when the tokenizer fails, the requests waiting on
 it end with UNAVAILABLE. Either way the loop goes on serving.
+
+The loop is here; the prefill side (admission, Prefill calls, joining) is prefills.py, the failures failover.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -28,50 +29,30 @@ from muestra.gateway.engine.clients.backends import LmReplica, TextModel
 from muestra.gateway.engine.clients.lm import LmClient, LmFailed, logits_matrix
 from muestra.gateway.engine.clients.progress import Progress
 from muestra.gateway.engine.generation.batch import (
-    Joining,
     Row,
     RunningBatch,
-    allowed_tokens,
     filter_plan,
-    request_rows,
 )
 from muestra.gateway.engine.generation.detokenizer import Detokenizer, TokenizerFailed
+from muestra.gateway.engine.generation.failover import Failover, deadline_error
 from muestra.gateway.engine.generation.kv_admission import KvAdmission
 from muestra.gateway.engine.generation.outputs import OutputProcessor
+from muestra.gateway.engine.generation.prefills import Prefilling, PrefillTurns
 from muestra.gateway.engine.generation.request import GenerationRequest, Sequence
 from muestra.gateway.engine.generation.speculation import SpeculationPolicy
 from muestra.gateway.engine.generation.step_policy import StepPolicy, row_invariant, stop_ids, tokens_per_row
 from muestra.gateway.engine.sampling import ModelInfo
 from muestra.runtime.errors import (
-    DeadlineExceeded,
     MuestraError,
     ResourceExhausted,
-    Unavailable,
 )
-from muestra.runtime.logs import request_id_scope, request_id_var
+from muestra.runtime.logs import request_id_var
 from muestra.v1 import gateway_pb2, lm_pb2
 
 log = logging.getLogger("muestra.gateway.scheduler")
 
-# A request that has streamed nothing moves to another replica at most this many times.
-MAX_REROUTES = 1
-# Prefills in flight at once on one replica (the lm runs their chunks in turn, between decode steps).
-MAX_PREFILLS = 8
-# A prefill that nobody waits for any more is cancelled on the lm when its prompt is longer than this; a shorter
-# one (a fraction of a second) runs to its end and its batch is freed.
-CANCELLED_PREFILL_TOKENS = 512
 
-
-@dataclasses.dataclass
-class Prefilling:
-    """A request whose Prefill is in flight, with the rows it will bring."""
-
-    request: GenerationRequest
-    rows: list[Row]
-    task: asyncio.Task
-
-
-class ReplicaScheduler:
+class ReplicaScheduler(PrefillTurns, Failover):
     def __init__(
         self,
         model: TextModel,
@@ -231,7 +212,7 @@ class ReplicaScheduler:
                 request.out.put_nowait(None)
             elif request.deadline is not None and now > request.deadline:
                 self.waiting.remove(request)
-                request.fail(_deadline_error(request, "while it waited for a place in the batch"))
+                request.fail(deadline_error(request, "while it waited for a place in the batch"))
         for prefilling in self.prefilling:
             # A long prompt's prefill stops at its next chunk once nobody waits for it.
             request = prefilling.request
@@ -257,151 +238,6 @@ class ReplicaScheduler:
                 log.warning("freeing a finished batch failed (%s)", exc)
             return "", []
         return await self.lm.filter(batch_id, keep), kept
-
-    def _admit(self) -> None:
-        """Start the prefills of waiting requests while rows and KV are free (first come, first served)."""
-        used = len(self.batch) + sum(p.request.rows for p in self.prefilling)
-        while self.waiting and len(self.prefilling) < MAX_PREFILLS and used + self.waiting[0].rows <= self.max_rows:
-            if not self.kv.admits(self.waiting, self.batch.all_rows(), [p.request for p in self.prefilling]):
-                break  # it waits at the head until rows leave; those behind it wait too
-            request = self.waiting.popleft()
-            if request.cancelled:
-                request.out.put_nowait(None)
-                continue
-            if request.deadline is not None and time.monotonic() > request.deadline:
-                request.fail(_deadline_error(request, "while it waited for a place in the batch"))
-                continue
-            request.admitted = time.monotonic()
-            metrics.QUEUE_TIME.labels(self.model.name).observe(request.admitted - request.arrival)
-            try:
-                rows = request_rows(request, self.model_info, self.mask_in_lm)
-            except MuestraError as exc:
-                request.fail(exc)
-                continue
-            task = asyncio.get_running_loop().create_task(self._prefill(request, rows))
-            task.add_done_callback(lambda _: self.wake.set())
-            self.prefilling.append(Prefilling(request, rows, task))
-            used += request.rows
-
-    async def _prefill(self, request: GenerationRequest, rows: list[Row]) -> lm_pb2.PrefillResponse:
-        """The request's prefix lookup and Prefill, beside the step loop: a batch of its own, held by the lm."""
-        with request_id_scope(request.request_id):
-            kind = rows[0].sampling.output_kind if isinstance(rows[0], Sequence) else lm_pb2.LOGITS
-            prefix_cache = self.model.prefix_cache if request.prefix_cache else None
-            prefix = None
-            if prefix_cache is not None:
-                with self.progress.waiting_for("Redis prefix lookup"):
-                    prefix = await prefix_cache.prefix_blocks(request.prompt_ids, request.chat)
-            request.attempts += 1
-            row = lm_pb2.PrefillRow(
-                request_id=request.request_id,
-                input_ids=request.prompt_ids,
-                output=lm_pb2.OutputSpec(kind=kind, allowed_tokens=allowed_tokens(rows[0])),
-                prefix=prefix,
-                suppressed_token_ids=request.suppressed_token_ids,
-            )
-            call = asyncio.ensure_future(self.lm.prefill(lm_pb2.PrefillRequest(rows=[row])))
-            try:
-                return await asyncio.shield(call)
-            except asyncio.CancelledError:
-                # Nobody waits for it any more (a cancel, a deadline). A short prompt's Prefill runs to its end and
-                # its batch is freed then: had the call been cancelled as the lm sent its reply, the lm would hold
-                # that batch (and its KV) until the lease's idle limit. A long one is cancelled, and the lm stops
-                # it at its next chunk (only a cancel that meets the last chunk's reply leaves its batch behind).
-                if len(request.prompt_ids) > CANCELLED_PREFILL_TOKENS:
-                    call.cancel()
-                call.add_done_callback(self._free_made)
-                raise
-
-    def _free_made(self, call: asyncio.Future) -> None:
-        if call.cancelled() or call.exception() is not None:
-            return
-        batch_id = call.result().batch_id
-        task = asyncio.get_running_loop().create_task(self._clear_quietly([batch_id]))
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-
-    async def _clear_quietly(self, batch_ids: list[str]) -> None:
-        try:
-            await self.lm.clear(batch_ids)
-        except LmFailed as exc:  # a replica that is gone freed it with everything else
-            log.warning("freeing the batch of a cancelled prefill failed (%s)", exc)
-
-    async def _prefill_or_wake(self) -> None:
-        """Wait until a prefill is done or the loop is woken (a new request, a cancel) since its last admission."""
-        if self.wake.is_set() or any(p.task.done() for p in self.prefilling):
-            return
-        woken = asyncio.ensure_future(self.wake.wait())
-        try:
-            await asyncio.wait([woken, *(p.task for p in self.prefilling)], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woken.cancel()
-
-    async def _join_prefilled(self) -> None:
-        """Requests whose prefill is done take their first tokens and join the batch at the next step (a short
-        prompt admitted after a long one need not wait for it); a failed prefill fails its request (or, when the
-        replica failed, everything here)."""
-        for prefilling in [p for p in self.prefilling if p.task.done()]:
-            self.prefilling.remove(prefilling)
-            request = prefilling.request
-            if prefilling.task.cancelled():  # by _expire
-                if request.cancelled:
-                    request.out.put_nowait(None)
-                else:
-                    request.fail(_deadline_error(request, "during its prefill"))
-                continue
-            try:
-                reply = prefilling.task.result()
-            except LmFailed as exc:
-                self._move_or_fail(request, exc)
-                raise
-            except MuestraError as exc:
-                request.fail(exc)
-                continue
-            try:
-                with request_id_scope(request.request_id):
-                    await self._join(request, prefilling.rows, reply)
-            except LmFailed as exc:  # its batch is gone with the replica: it moves if it streamed nothing
-                self._move_or_fail(request, exc)
-                raise
-            except TokenizerFailed as exc:
-                request.fail(exc)
-                raise
-            except MuestraError as exc:
-                request.fail(exc)
-            self.progress.moved()
-
-    async def _join(self, request: GenerationRequest, rows: list[Row], reply: lm_pb2.PrefillResponse) -> None:
-        """A prefilled request's batch joins the running one at the next step, once its first tokens are taken."""
-        if request.deadline is not None and time.monotonic() > request.deadline:
-            # Its own deadline passed during the prefill: that request fails alone, and its batch goes.
-            await self.lm.clear([reply.batch_id])
-            request.fail(_deadline_error(request, "during its prefill"))
-            return
-        request.cached_tokens = reply.output.rows[0].cached_tokens
-        prefix_cache = self.model.prefix_cache if request.prefix_cache else None
-        if prefix_cache is not None:
-            prefix_cache.record_hit(request.cached_tokens, reply.output.rows[0].cache_tier)
-        logits = logits_matrix(reply.output)
-        argmax = reply.output.rows[0].argmax
-        joining = Joining(reply.batch_id)
-        self.batch.joining.append(joining)  # from now on, a failure handler sees (and frees) this batch
-        try:
-            if isinstance(rows[0], Sequence) and len(rows) > 1:
-                # n > 1: the completions share this prefill; Filter repeats its row.
-                joining.batch_id = await self.lm.filter(joining.batch_id, [0] * len(rows))
-            joining.rows = rows
-            index = [0] * len(rows) if logits is not None else [-1] * len(rows)
-            await self._accept(rows, logits, index, [argmax] * len(rows))
-            metrics.PREFILL_TIME.labels(self.model.name).observe(time.monotonic() - request.admitted)
-            await self.detokenizer.step(rows)
-            joining.batch_id, joining.rows = await self._reshaped(joining.batch_id, rows)
-        except LmFailed:
-            # The caller moves or fails this request; the replica's failure handler must not see it again.
-            self.batch.joining.remove(joining)
-            raise
-        if not joining.rows:
-            self.batch.joining.remove(joining)
 
     async def _decode(self) -> lm_pb2.DecodeResponse:
         # Rows with constraints send their kinds (which change on forced tokens) and, when the lm applies
@@ -460,86 +296,6 @@ class ReplicaScheduler:
             texts = await self.detokenizer.decode([list(h.token_ids) for h in hypotheses])
             self.outputs.finish_beams(group, hypotheses, texts)
 
-    # -- failures -----------------------------------------------------------------------------
-
-    def _loop_ended(self, task: asyncio.Task) -> None:
-        """The loop only ends by a bug (or with the gateway): nobody may be left waiting on it."""
-        if task.cancelled():
-            return
-        exc = task.exception()
-        log.error("the scheduler of %s stopped", self.name, exc_info=exc)
-        error = MuestraError(f"internal error in the gateway's scheduler for {self.name}")
-        for request in [*self.batch.requests(), *self._stop_prefills(), *self.waiting]:
-            request.fail(error)
-        self.batch.drop()
-        self.waiting.clear()
-        self.lm.close()
-
-    async def _lm_failed(self, exc: LmFailed) -> None:
-        """The replica's batches are gone: move what has streamed nothing, fail the rest, leave the rotation."""
-        prefilling, _ = await self._end_prefills()  # the lm frees them: the lease's stream breaks below
-        in_flight = [*self.batch.requests(), *prefilling]
-        log.warning("%s; %d request(s) in flight there", exc, len(in_flight))
-        self.batch.drop()
-        self.lm.close()
-        for request in in_flight:
-            self._move_or_fail(request, exc)
-        if self.out_of_rotation is not None:
-            self.out_of_rotation(self)
-
-    def _stop_prefills(self) -> list[GenerationRequest]:
-        """Cancel every prefill in flight (the lm frees what a cancelled Prefill made); their requests."""
-        stopped, self.prefilling = self.prefilling, []
-        for prefilling in stopped:
-            prefilling.task.cancel()
-        return [p.request for p in stopped]
-
-    async def _end_prefills(self) -> tuple[list[GenerationRequest], list[str]]:
-        """_stop_prefills, waiting for the tasks to end; their requests, and the batches of prefills that were
-        done already (for the caller to free). Each task's outcome is retrieved: the caller handles it."""
-        tasks = [p.task for p in self.prefilling]
-        requests = self._stop_prefills()
-        made = []
-        if tasks:
-            await asyncio.wait(tasks)
-            for task in tasks:
-                if not task.cancelled() and task.exception() is None:
-                    made.append(task.result().batch_id)
-        return requests, made
-
-    def _move_or_fail(self, request: GenerationRequest, exc: LmFailed) -> None:
-        if request.cancelled:
-            request.out.put_nowait(None)
-            return
-        if not request.started and request.attempts <= MAX_REROUTES and self.reroute is not None:
-            log.info("request %s streamed nothing yet: moving it off %s", request.request_id, self.replica.address)
-            self.reroute(request, self)
-            return
-        request.fail(Unavailable(f"{exc}; retry with seed {request.seed} for the same text"))
-
-    def shut_down(self) -> None:
-        """The gateway's grace period is ending: fail what is in flight or waiting, each with its seed."""
-        for request in [*self._stop_prefills(), *self.batch.requests(), *self.waiting]:
-            request.fail(Unavailable(f"the gateway is shutting down; retry with seed {request.seed} for the same text"))
-        self.waiting.clear()
-        self.wake.set()
-
-    async def _end_all(self, exc: MuestraError) -> None:
-        """End every request in flight or waiting with `exc`, and free their batches on the lm."""
-        prefilling, made = await self._end_prefills()
-        in_flight = [*self.batch.requests(), *prefilling]
-        log.warning("%s; ending %d request(s) in flight and %d waiting", exc, len(in_flight), len(self.waiting))
-        for request in in_flight:
-            request.fail(exc)
-        while self.waiting:
-            self.waiting.popleft().fail(exc)
-        batch_ids = [*self.batch.drop(), *made]
-        if batch_ids:
-            try:
-                await self.lm.clear(batch_ids)
-            except LmFailed as failed:
-                log.warning("freeing the batches of failed requests: %s", failed)
-
 
 def _leaving(rows: list[Row], keep: list[int]) -> list[Sequence]:
     """The first completion of each request whose row leaves the batch now (its KV then stays in the lm's hot
@@ -550,13 +306,6 @@ def _leaving(rows: list[Row], keep: list[int]) -> list[Sequence]:
         for i, row in enumerate(rows)
         if i not in kept and isinstance(row, Sequence) and row.index == 0 and row.generated
     ]
-
-
-def _deadline_error(request: GenerationRequest, when: str) -> DeadlineExceeded:
-    return DeadlineExceeded(
-        f"the request's deadline (timeout_ms, or its call's) passed {when}; retry with seed {request.seed} for the "
-        "same text"
-    )
 
 
 async def _stop(task: asyncio.Task | None) -> None:

@@ -7,6 +7,7 @@ import binascii
 
 import grpc
 
+from muestra.gateway.engine.clients import DiffusionClient
 from muestra.gateway.engine.engine import Engine
 from muestra.gateway.http.a1111 import sizes
 from muestra.gateway.http.a1111.schemas import OFF_FEATURES, A1111Error, Img2ImgRequest, Txt2ImgRequest
@@ -48,15 +49,14 @@ def display_name(info: diffusion_pb2.SchedulerInfo) -> str:
 
 async def list_schedulers(model) -> list[diffusion_pb2.SchedulerInfo]:
     try:
-        reply = await model.stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=LIST_TIMEOUT_S)
+        return await DiffusionClient(model, LIST_TIMEOUT_S).schedulers()
     except grpc.aio.AioRpcError as exc:
         raise unanswered(model, exc) from None
-    return list(reply.schedulers)
 
 
 async def describe(model) -> diffusion_pb2.DescribeDiffusionResponse:
     try:
-        return await model.stub.Describe(diffusion_pb2.DescribeDiffusionRequest(), timeout=LIST_TIMEOUT_S)
+        return await DiffusionClient(model, LIST_TIMEOUT_S).describe()
     except grpc.aio.AioRpcError as exc:
         raise unanswered(model, exc) from None
 

@@ -14,6 +14,7 @@ import grpc
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from muestra.gateway.engine.clients import DiffusionClient
 from muestra.gateway.engine.engine import Engine
 from muestra.gateway.http.a1111 import infotext, sizes
 from muestra.gateway.http.a1111.convert import (
@@ -223,7 +224,7 @@ async def sd_models(engine: EngineDep) -> list[dict]:
 async def loras(engine: EngineDep) -> list[dict]:
     model = engine.registry.image_model("")
     try:
-        reply = await model.stub.ListLoras(diffusion_pb2.ListLorasRequest(), timeout=LIST_TIMEOUT_S)
+        loras = await DiffusionClient(model, LIST_TIMEOUT_S).loras()
     except grpc.aio.AioRpcError as exc:
         raise unanswered(model, exc) from None
-    return [{"name": lora.name, "alias": lora.name, "path": lora.file, "metadata": {}} for lora in reply.loras]
+    return [{"name": lora.name, "alias": lora.name, "path": lora.file, "metadata": {}} for lora in loras]

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
+from muestra.gateway.engine.clients import DiffusionClient
 from muestra.gateway.engine.sampling import default_specs
 from muestra.gateway.http.errors import OpenAIError
 from muestra.gateway.http.state import EngineDep
@@ -43,9 +44,9 @@ async def _serving(channel, timeout_s: float) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def _schedulers(model) -> diffusion_pb2.ListSchedulersResponse | None:
+async def _schedulers(model) -> list[diffusion_pb2.SchedulerInfo] | None:
     try:
-        return await model.stub.ListSchedulers(diffusion_pb2.ListSchedulersRequest(), timeout=LIST_TIMEOUT_S)
+        return await DiffusionClient(model, LIST_TIMEOUT_S).schedulers()
     except grpc.aio.AioRpcError as exc:
         log.warning("/v1/schedulers: the diffusion service of %r did not answer (%s)", model.name, exc.code().name)
         return None
@@ -109,7 +110,7 @@ async def schedulers(engine: EngineDep) -> dict:
         if reply is None:  # the others are still worth listing: say whose schedulers are missing instead
             unanswered.append(model.name)
             continue
-        for s in reply.schedulers:
+        for s in reply:
             entry = found.setdefault(
                 s.name,
                 {

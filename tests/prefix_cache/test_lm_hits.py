@@ -165,7 +165,7 @@ def test_a_replica_with_another_cache_key_uses_none_of_these_blocks(
 
 def test_a_forged_block_is_a_miss_and_is_replaced(redis_lm, redis_client, tiny_lm):
     """A well-formed block (right header, size and hash) written by someone without the cache key."""
-    from muestra.lm.prefix_cache import BlockFormat
+    from muestra.lm.prefix_blocks import BlockFormat
     from muestra.runtime.cache_mac import CacheMac
 
     lm = redis_lm("llama")

@@ -1,4 +1,7 @@
-"""`export_lm`: a local transformers causal-LM folder -> the optimum-style ONNX folder the lm service loads."""
+"""`export_lm`: a local transformers causal-LM folder -> the optimum-style ONNX folder the lm service loads.
+
+The source is checked and read (source.py) and traced to ONNX (trace.py); the graph is checked against PyTorch,
+may take a GGUF file's own quantized blocks or be quantized, and is written with muestra_export.json."""
 
 from __future__ import annotations
 
@@ -7,61 +10,30 @@ import shutil
 import sys
 import tempfile
 import time
-import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from muestra.lm.export import checks
 from muestra.lm.export.errors import ExportError
-from muestra.lm.export.families import (
-    FAMILIES,
-    FlatCacheLM,
-    context_length,
-    dynamic_axes,
-    input_names,
-    kv_shape,
-    output_names,
-    static_rope,
-)
-from muestra.lm.export.fuse import fuse_for_decode
-from muestra.lm.export.fused import MS_OPSET, FusedLM, fused_attention, kernel_rotary
+from muestra.lm.export.families import FAMILIES, kv_shape, static_rope
+from muestra.lm.export.fused import kernel_rotary
 from muestra.lm.export.gguf_file import GGUFSource, find_gguf, inspect_gguf, to_transformers_folder
-from muestra.lm.export.gguf_file import sha256 as gguf_sha256
 from muestra.lm.export.gguf_weights import RESCORE_TOP, keep_file_quantization
 from muestra.lm.export.quantize import NBITS_ACCURACY_LEVEL, NBITS_BLOCK_SIZE, quantize_int8_dynamic, quantize_nbits
-from muestra.lm.export.simplify import constant_reshapes
+from muestra.lm.export.source import check_source, copy_side_files, eval_token_ids, gguf_metadata, served_context
+from muestra.lm.export.trace import OPSET, trace_graph
 
 METADATA_FILE = "muestra_export.json"
 METADATA_FORMAT = 1
-OPSET = 17
 # Above this many bytes of weights the graph keeps its tensors in model.onnx.data (protobuf caps a file at 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_500_000_000
-# Perplexity decodes one token at a time through the KV cache; this bounds the cost of --eval-text.
-EVAL_MAX_TOKENS = 512
 # An fp32 export whose logits differ more than this from PyTorch is broken, not merely imprecise.
 FLOAT32_TOLERANCE = 1e-2
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-)
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # int8, int4: MatMulNBits (block-wise, vocabulary projection included, activations quantized row by row);
 # int8-dynamic: onnxruntime's dynamic quantizer (one activation scale per call: rows depend on their batch).
@@ -140,7 +112,7 @@ def _export(
         raise ExportError(f"accuracy_level must be 0 to 4, got {accuracy_level}")
     if layout not in (None, *LAYOUTS):
         raise ExportError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    family = _check_source(src)
+    family = check_source(src)
     if layout == "fused" and not family.fused:
         raise ExportError(
             f"{family.name} cannot use the fused layout: its ALiBi attention bias has no GroupQueryAttention "
@@ -161,10 +133,10 @@ def _export(
     model.eval()
     if family.refuse is not None and (reason := family.refuse(config)):
         raise ExportError(f"{src}: {reason}")
-    context, context_source = _context(family, config, max_context)
+    context, context_source = served_context(family, config, max_context)
     kv = kv_shape(model)
     log.info(f"context length {context} ({context_source})")
-    eval_ids = _eval_token_ids(src, eval_text, context) if eval_text is not None else None
+    eval_ids = eval_token_ids(src, eval_text, context) if eval_text is not None else None
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -172,7 +144,9 @@ def _export(
         with log.step(f"tracing to ONNX (opset {OPSET}, {kv.num_layers} layers, {dtype}, {layout} layout)"):
             with static_rope(model):  # the frequencies the trace keeps
                 rotary = kernel_rotary(model, kv.head_dim, context) if shared else None
-            external, fusions = _export_graph(model, family, kv.num_layers, last_logits_only, staging, shared, rotary)
+            external, fusions = trace_graph(
+                model, family, kv.num_layers, last_logits_only, staging, shared, rotary, EXTERNAL_DATA_THRESHOLD
+            )
         metadata = {
             "format": METADATA_FORMAT,
             "family": family.name,
@@ -202,7 +176,7 @@ def _export(
         log.info(f"max |logits(onnxruntime) - logits(torch)| = {metadata['validation']['max_abs_diff']}")
 
         if gguf_source is not None:
-            metadata["gguf"] = _gguf_metadata(gguf_source)
+            metadata["gguf"] = gguf_metadata(gguf_source)
             if not dequantize:
                 with log.step("carrying the GGUF's own Q4_0/Q4_1/Q8_0 blocks into the graph"):
                     level = 0 if accuracy_level is None else accuracy_level
@@ -231,7 +205,7 @@ def _export(
             metadata["perplexity"] = {"tokens": len(eval_ids), dtype: ppl}
             log.info(f"perplexity = {ppl:.4f}")
 
-        _copy_side_files(src, staging, config)
+        copy_side_files(src, staging, config)
         (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
         if out.exists():
             out.rmdir()
@@ -241,15 +215,6 @@ def _export(
         raise
     log.info(f"wrote {out}")
     return out
-
-
-def _gguf_metadata(source: GGUFSource) -> dict:
-    return {
-        "file": source.path.name,
-        "sha256": gguf_sha256(source.path),
-        "architecture": source.architecture,
-        "tensor_types": source.tensor_types,
-    }
 
 
 def _keep_gguf_weights(staging: Path, source: GGUFSource, accuracy_level: int, vocab_size: int) -> dict[str, int]:
@@ -262,97 +227,6 @@ def _keep_gguf_weights(staging: Path, source: GGUFSource, accuracy_level: int, v
         onnx.save_model(graph, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
                         location="model.onnx.data")  # fmt: skip
     return kept
-
-
-def _context(family, config, max_context: int) -> tuple[int, str]:
-    length, source = context_length(family, config)
-    if max_context < 0:
-        raise ExportError(f"context length must be > 0, got {max_context}")
-    if max_context:
-        if length is not None and max_context > length:
-            raise ExportError(f"context length {max_context} exceeds the model's {length} ({source})")
-        return max_context, "set when exporting"
-    if length is None:
-        raise ExportError(f"{source}; give the length the model was trained at with --context-length N")
-    return length, source
-
-
-def _check_source(src: Path):
-    if not src.is_dir():
-        raise ExportError(f"source {src} is neither a folder nor a GGUF file")
-    config_path = src / "config.json"
-    if not config_path.is_file():
-        raise ExportError(f"source {src} has no config.json; expected a transformers model folder (save_pretrained)")
-    try:
-        model_type = json.loads(config_path.read_text()).get("model_type")
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise ExportError(f"{config_path} is not a valid JSON object: {exc}") from exc
-    if model_type not in FAMILIES:
-        raise ExportError(f"model_type {model_type!r} in {config_path} is not supported; supported: {sorted(FAMILIES)}")
-    if not any((src / name).is_file() for name in WEIGHT_FILES):
-        raise ExportError(f"source {src} has no weights (looked for {', '.join(WEIGHT_FILES)})")
-    if not any((src / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        raise ExportError(f"source {src} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
-    return FAMILIES[model_type]
-
-
-def _export_graph(
-    model, family, num_layers: int, last_logits_only: bool, staging: Path, shared: bool, rotary=None
-) -> tuple[bool, dict[str, int]]:
-    """Trace the wrapped model and write staging/model.onnx; returns whether the weights went to external
-    data, and the fusions made."""
-    # eval() on the wrapper too: the exporter restores the wrapper's mode afterwards, recursively.
-    if shared:
-        wrapper = FusedLM(model, num_layers, last_logits_only, rotary).eval()
-    else:
-        wrapper = FlatCacheLM(model, family, num_layers, last_logits_only).eval()
-    kv = kv_shape(model)
-    # Distinct sizes on every dynamic axis, so the tracer cannot confuse one axis with another; a
-    # shared buffer has room beyond the positions the step fills.
-    batch, seq, past = 2, 3, 5
-    room = past + seq + 3 if shared else past
-    ids = torch.randint(2, model.config.vocab_size, (batch, seq))
-    mask = torch.ones(batch, past + seq, dtype=torch.int64)
-    args = [ids, mask]
-    if family.position_ids or shared:
-        args.append(torch.arange(past, past + seq).expand(batch, seq).contiguous())
-    dtype = next(model.parameters()).dtype
-    for _ in range(2 * num_layers):
-        args.append(torch.zeros(batch, kv.num_kv_heads, room, kv.head_dim, dtype=dtype))
-    if last_logits_only:
-        args.append(torch.tensor([0, seq - 1]))
-    raw_dir = staging / "raw"
-    raw_dir.mkdir()
-    names = input_names(family, num_layers, shared, logits_positions=last_logits_only)
-    fused = fused_attention(model) if shared else nullcontext()
-    with torch.no_grad(), warnings.catch_warnings(), static_rope(model), fused:
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            wrapper,
-            tuple(args),
-            str(raw_dir / "model.onnx"),
-            input_names=names,
-            output_names=output_names(num_layers),
-            dynamic_axes=dynamic_axes(names, num_layers, last_logits_only, shared),
-            opset_version=OPSET,
-            do_constant_folding=True,
-            dynamo=False,
-            custom_opsets={"com.microsoft": MS_OPSET} if shared else None,
-        )
-    graph = onnx.load(str(raw_dir / "model.onnx"))
-    constant_reshapes(graph)
-    fusions = fuse_for_decode(graph)
-    weight_bytes = sum(len(t.raw_data) for t in graph.graph.initializer)
-    external = weight_bytes > EXTERNAL_DATA_THRESHOLD
-    onnx.save_model(
-        graph,
-        str(staging / "model.onnx"),
-        save_as_external_data=external,
-        all_tensors_to_one_file=True,
-        location="model.onnx.data",
-    )
-    shutil.rmtree(raw_dir)
-    return external, fusions
 
 
 def _validate(model, onnx_path: Path, vocab_size: int, dtype: str, shared: bool) -> dict:
@@ -421,26 +295,6 @@ def _relocate_external_data(model_path: Path, location: str) -> None:
             if entry.key == "location":
                 entry.value = location
     onnx.save_model(graph, str(model_path))
-
-
-def _eval_token_ids(src: Path, eval_text: str, context: int) -> list[int]:
-    tokenizer = AutoTokenizer.from_pretrained(src)
-    ids = tokenizer(eval_text)["input_ids"]
-    limit = min(EVAL_MAX_TOKENS, context)
-    if len(ids) < 2:
-        raise ExportError("eval_text must tokenize to at least two tokens")
-    return ids[:limit]
-
-
-def _copy_side_files(src: Path, staging: Path, config) -> None:
-    shutil.copy2(src / "config.json", staging / "config.json")
-    if (src / "generation_config.json").is_file():
-        shutil.copy2(src / "generation_config.json", staging / "generation_config.json")
-    else:
-        GenerationConfig.from_model_config(config).save_pretrained(staging)
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, staging / name)
 
 
 class _Progress:

@@ -1,6 +1,6 @@
 """Where the prefix cache's blocks live: Redis, or an in-process LRU with the same interface.
 
-Both stores take and give opaque values (the block format is prefix_cache.py's business). The Redis
+Both stores take and give opaque values (the block format is prefix_blocks.py's business). The Redis
 store never raises: when Redis is down, slow or full, a read is a miss and a write is dropped; both are
 counted, and `CacheHealth` logs one warning when the backend starts failing and one line when it is back.
 """

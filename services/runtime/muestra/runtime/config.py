@@ -22,30 +22,9 @@ from typing import Any, TypeVar
 C = TypeVar("C", bound="ServiceConfig")
 
 
-@dataclasses.dataclass
-class ServiceConfig:
-    """Settings every service has."""
-
-    host: str = dataclasses.field(default="127.0.0.1", metadata={"help": "address to bind"})
-    port: int = dataclasses.field(default=0, metadata={"help": "gRPC port (0: pick a free one)"})
-    metrics_port: int = dataclasses.field(
-        default=-1, metadata={"help": "Prometheus /metrics port (0: pick a free one, -1: off)"}
-    )
-    log_level: str = dataclasses.field(default="INFO", metadata={"help": "logging level"})
-    grace_period_s: float = dataclasses.field(
-        default=10.0, metadata={"help": "seconds in-flight requests get to finish on SIGTERM"}
-    )
-    max_message_bytes: int = dataclasses.field(
-        default=64 * 1024 * 1024, metadata={"help": "largest gRPC message accepted or sent"}
-    )
-    internal_token: str = dataclasses.field(
-        default="",
-        metadata={
-            "help": "secret shared by the services of one deployment: the tokenizer, lm and diffusion services "
-            "require it from callers, and the gateway sends it (empty: no authentication between services)",
-            "secret": True,
-        },
-    )
+def setting(default, help_text: str):
+    """A config field and its --help text."""
+    return dataclasses.field(default=default, metadata={"help": help_text})
 
 
 def secret(default, help_text: str):
@@ -54,20 +33,33 @@ def secret(default, help_text: str):
 
 
 @dataclasses.dataclass
+class ServiceConfig:
+    """Settings every service has."""
+
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(0, "gRPC port (0: pick a free one)")
+    metrics_port: int = setting(-1, "Prometheus /metrics port (0: pick a free one, -1: off)")
+    log_level: str = setting("INFO", "logging level")
+    grace_period_s: float = setting(10.0, "seconds in-flight requests get to finish on SIGTERM")
+    max_message_bytes: int = setting(64 * 1024 * 1024, "largest gRPC message accepted or sent")
+    internal_token: str = secret(
+        "",
+        "secret shared by the services of one deployment: the tokenizer, lm and diffusion services "
+        "require it from callers, and the gateway sends it (empty: no authentication between services)",
+    )
+
+
+@dataclasses.dataclass
 class RedisConfig:
     """The Redis settings of a service that caches in Redis (a mixin: `class LmConfig(ServiceConfig, RedisConfig)`)."""
 
-    redis_url: str = dataclasses.field(
-        default="",
-        metadata={
-            "help": "Redis for the service's cache: redis://[:password@]host:port/db, rediss:// for TLS (empty: no "
-            "Redis; the gateway and lm then cache prefixes in process, and diffusion caches no text embeddings)"
-        },
+    redis_url: str = setting(
+        "",
+        "Redis for the service's cache: redis://[:password@]host:port/db, rediss:// for TLS (empty: no "
+        "Redis; the gateway and lm then cache prefixes in process, and diffusion caches no text embeddings)",
     )
     redis_password: str = secret("", "Redis password, unless the URL holds one")
-    redis_timeout_s: float = dataclasses.field(
-        default=0.25, metadata={"help": "Redis connect and socket timeout; a slower call is a miss"}
-    )
+    redis_timeout_s: float = setting(0.25, "Redis connect and socket timeout; a slower call is a miss")
 
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")

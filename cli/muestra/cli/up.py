@@ -24,18 +24,15 @@ Redis through its standard input, never a command line; the internal token is al
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from muestra.cli.arguments import PORT_MAX, integer, number
 from muestra.cli.endpoints import (
@@ -45,8 +42,9 @@ from muestra.cli.endpoints import (
     METRICS_PORT_OFFSET,
 )
 from muestra.cli.errors import CliError
+from muestra.cli.launch import Process, RedisServer, StartFailed
 from muestra.cli.stacks import describe, remove_stack, running_stacks, write_stack
-from muestra.cli.up_plan import free_port, http_url, plan, unbuilt_default_text_model
+from muestra.cli.up_plan import Child, http_url, plan, unbuilt_default_text_model
 from muestra.cli.up_ports import check_ports_free
 
 # Services stop by themselves when this process goes away (see muestra.runtime.server). No
@@ -93,19 +91,6 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
-def _spawn(command: list[str], log_path: Path, env: dict, stdin_text: str | None = None) -> subprocess.Popen:
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT,
-            stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
-            env={**env, PARENT_ENV: str(os.getpid())}, start_new_session=True,
-        )  # fmt: skip
-    if stdin_text is not None:
-        proc.stdin.write(stdin_text.encode())
-        proc.stdin.close()
-    return proc
-
-
 def _hide_credentials(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     return f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
@@ -124,57 +109,51 @@ def _make_secrets(env: dict, log_dir: Path) -> None:
         path.write_text(token + "\n")
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+def _stop(processes: list[Process], grace_s: float) -> None:
+    """SIGTERM to all at once, then wait for each until grace_s + 5 s have passed; SIGKILL the ones left."""
+    for process in processes:
+        if process.alive():
+            process.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace_s + 5
-    for proc in procs:
+    for process in processes:
+        if process.proc is None:  # it failed to spawn
+            continue
         try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
+            process.proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            process.kill()
 
 
-def _healthy(address: str) -> bool:
-    try:
-        with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
-    except grpc.RpcError:
-        return False
-
-
-def _start_redis(host: str, log_dir: Path, env: dict) -> tuple[subprocess.Popen | None, str]:
+def _start_redis(host: str, log_dir: Path, env: dict) -> tuple[RedisServer | None, str]:
     """A local redis-server for the prefix cache, unless one is configured or none is installed."""
     if env.get("MUESTRA_REDIS_URL"):
         return None, f"using MUESTRA_REDIS_URL={_hide_credentials(env['MUESTRA_REDIS_URL'])}"
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         return None, "redis-server not installed: the prefix cache falls back to an in-process LRU"
-    port = free_port(host)
     password = secrets.token_urlsafe(32)
-    # `redis-server -` reads configuration from standard input: the password stays off the command line.
-    command = [
-        binary, "-", "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
-        "--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru", "--dir", str(log_dir),
-        "--pidfile", str(log_dir / "redis.pid"),
-    ]  # fmt: skip
-    proc = _spawn(command, log_dir / "redis.log", env, stdin_text=f"requirepass {password}\n")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = (log_dir / "redis.log").read_text(errors="replace").strip().splitlines()[-1:]
-            raise CliError(f"redis-server exited: {tail[0] if tail else '(no log)'} (see {log_dir / 'redis.log'})")
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                break
-        except OSError:
-            time.sleep(0.05)
-    env["MUESTRA_REDIS_URL"] = f"redis://{host}:{port}/0"
+    limits = ("--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru")
+    try:
+        redis = RedisServer(
+            log_dir, limits, password=password, host=host, env={**env, PARENT_ENV: str(os.getpid())}, new_session=True
+        )
+    except StartFailed as exc:
+        log = exc.process.log_path
+        if not exc.exited:
+            raise CliError(f"redis-server did not accept connections in time (see {log})") from None
+        last = (exc.process.log_tail(5).strip().splitlines() or ["(no log)"])[-1]
+        raise CliError(f"redis-server exited: {last} (see {log})") from None
+    env["MUESTRA_REDIS_URL"] = redis.url
     env["MUESTRA_REDIS_PASSWORD"] = password
-    return proc, f"redis-server on {host}:{port} (password required; the services have it)"
+    return redis, f"redis-server on {host}:{redis.port} (password required; the services have it)"
+
+
+def logged_metrics_url(child: Child) -> str | None:
+    """The URL the service logged for its /metrics (it logs it before it turns healthy)."""
+    try:
+        match = re.search(r"metrics on (http://\S+/metrics)", child.log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+    return match.group(1) if match else None
 
 
 def run(args) -> int:
@@ -201,7 +180,7 @@ def run(args) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    procs: list[subprocess.Popen] = []
+    procs: list[Process] = []
     state_path = None
     try:
         children, skipped = plan(args, env)
@@ -215,25 +194,23 @@ def run(args) -> int:
         for note in skipped:
             print(f"muestra up: skipping {note}", flush=True)
         _make_secrets(env, log_dir)
-        redis_proc, redis_note = _start_redis(args.host, log_dir, env)
-        if redis_proc is not None:
-            procs.append(redis_proc)
+        redis, redis_note = _start_redis(args.host, log_dir, env)
+        if redis is not None:
+            procs.append(redis)
         print(f"muestra up: {redis_note}", flush=True)
         for child in children:
-            child.proc = _spawn(child.command, child.log_path, env)
-            procs.append(child.proc)
-            deadline = time.monotonic() + args.startup_timeout
-            while not _healthy(child.address):
-                if stopping:
+            child.env = {**env, PARENT_ENV: str(os.getpid())}  # with the secrets and the Redis URL made above
+            procs.append(child)
+            try:
+                if not child.start(args.startup_timeout, cancelled=lambda: stopping):
                     return 130
-                if child.proc.poll() is not None or time.monotonic() > deadline:
-                    why = "exited" if child.proc.poll() is not None else "did not become healthy in time"
-                    print(f"muestra up: {child.name} {why}; its last log lines:\n{child.log_tail()}", file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
-            print(f"muestra up: {child.name:<10} serving on {child.address} (pid {child.proc.pid})", flush=True)
-            if child.metrics_url():
-                print(f"muestra up: {child.name:<10} metrics on {child.metrics_url()}", flush=True)
+            except StartFailed as exc:
+                why = "exited" if exc.exited else "did not become healthy in time"
+                print(f"muestra up: {child.name} {why}; its last log lines:\n{child.log_tail(30)}", file=sys.stderr)
+                return 1
+            print(f"muestra up: {child.name:<10} serving on {child.address} (pid {child.pid})", flush=True)
+            if logged_metrics_url(child):
+                print(f"muestra up: {child.name:<10} metrics on {logged_metrics_url(child)}", flush=True)
             if child.name == "gateway" and http_url(args.host, child):
                 print(f"muestra up: OpenAI API on {http_url(args.host, child)}", flush=True)
                 print(f"muestra up: playground on {http_url(args.host, child).removesuffix('/v1')}/", flush=True)
@@ -250,7 +227,7 @@ def run(args) -> int:
                 "base_port": args.base_port or int(gateway_or_first.address.rpartition(":")[2]),
                 "services": {c.name: c.address for c in children},
                 "http": next((http_url(args.host, c) for c in children if c.name == "gateway"), None),
-                "metrics": {c.name: c.metrics_url() for c in children if c.metrics_url()},
+                "metrics": {c.name: logged_metrics_url(c) for c in children if logged_metrics_url(c)},
                 "log_dir": str(log_dir),
                 "internal_token_file": str(log_dir / "internal_token") if env.get("MUESTRA_INTERNAL_TOKEN") else "",
             }
@@ -262,7 +239,7 @@ def run(args) -> int:
                 if child.proc.poll() is not None:
                     print(
                         f"muestra up: {child.name} died (exit {child.proc.returncode}); its last log lines:\n"
-                        f"{child.log_tail()}",
+                        f"{child.log_tail(30)}",
                         file=sys.stderr,
                     )
                     return 1
@@ -277,5 +254,5 @@ def run(args) -> int:
         if procs:  # nothing started (a taken port, say): the error line is all there is to say
             print("muestra up: stopping", flush=True)
             # Services first (they may write to Redis while draining), Redis last.
-            _stop([p for p in reversed(procs)], args.grace_period)
+            _stop(list(reversed(procs)), args.grace_period)
             print("muestra up: stopped", flush=True)

@@ -4,12 +4,7 @@ note for each service it skips (not installed, or no model); where the default m
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
-import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 from muestra.cli.endpoints import (
@@ -20,42 +15,22 @@ from muestra.cli.endpoints import (
     SERVICE_PORT_OFFSETS,
 )
 from muestra.cli.errors import CliError
+from muestra.cli.launch import Process, free_port, service_command
 
 START_ORDER = ("tokenizer", "lm", "diffusion", "gateway")
 DEFAULT_TEXT_MODEL = "smollm2-135m-instruct"
 DEFAULT_IMAGE_MODEL = "muestra-image"
 
 
-@dataclasses.dataclass
-class Child:
-    name: str
-    address: str
-    command: list[str]
-    log_path: Path
-    proc: subprocess.Popen | None = None
-    # Ports this child will bind, with what each is for (checked free before anything starts).
-    ports: dict[int, str] = dataclasses.field(default_factory=dict)
+class Child(Process):
+    """A service `muestra up` starts, in a session of its own, with the ports it will bind and what each is for
+    (checked free before anything starts)."""
 
-    def metrics_url(self) -> str | None:
-        """The URL the service logged for its /metrics (it logs it before it turns healthy)."""
-        try:
-            match = re.search(r"metrics on (http://\S+/metrics)", self.log_path.read_text(errors="replace"))
-        except OSError:
-            return None
-        return match.group(1) if match else None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    def __init__(
+        self, name: str, host: str, port: int, command: list[str], log_path: Path, ports: dict[int, str]
+    ) -> None:
+        super().__init__(name, command, log_path, port, host=host, new_session=True)
+        self.ports = ports
 
 
 def default_models_dir() -> Path:
@@ -135,7 +110,7 @@ def plan(args, env: dict) -> tuple[list[Child], list[str]]:
     def port(service: str) -> int:
         return free_port(args.host) if args.base_port == 0 else args.base_port + SERVICE_PORT_OFFSETS[service]
 
-    addresses = {name: f"{args.host}:{port(name)}" for name in START_ORDER}
+    ports_of = {name: port(name) for name in START_ORDER}
     has_tokenizer = (text_model / "tokenizer.json").is_file() or any(text_model.glob("*.model"))
     service_args = {
         "tokenizer": (["--models", str(text_model)], has_tokenizer, "--text-model", text_model, "tokenizer.json"),
@@ -179,14 +154,12 @@ def plan(args, env: dict) -> tuple[list[Child], list[str]]:
             extra += [f"--http-port={http}"]
             if http > 0:
                 claim(ports, http, "gateway HTTP API")
-        host, _, service_port = addresses[name].rpartition(":")
-        claim(ports, int(service_port), name)
-        command = [sys.executable, "-m", f"muestra.{name}", "--host", host, "--port", service_port, *extra]
-        command += ["--grace-period-s", str(args.grace_period)]
+        claim(ports, ports_of[name], name)
+        command = [*service_command(name, ports_of[name], extra, args.host), "--grace-period-s", str(args.grace_period)]
         metrics_port = _metrics_port(args, name, env)
         if metrics_port is not None:
             command += ["--metrics-port", str(metrics_port)]
             if metrics_port > 0:
                 claim(ports, metrics_port, f"{name} metrics")
-        children.append(Child(name, addresses[name], command, log_dir / f"{name}.log", ports=ports))
+        children.append(Child(name, args.host, ports_of[name], command, log_dir / f"{name}.log", ports))
     return children, skipped

@@ -59,9 +59,10 @@ def service_command(name: str, port: int, args: list[str], host: str = "127.0.0.
 class StartFailed(RuntimeError):
     """A process exited, or did not serve in time, while it was being started."""
 
-    def __init__(self, process: Process, why: str) -> None:
+    def __init__(self, process: Process, why: str, exited: bool) -> None:
         super().__init__(f"{process.name} {why}:\n{process.log_tail()}")
         self.process = process
+        self.exited = exited  # else it was still running when the time ran out
 
 
 class Process:
@@ -134,9 +135,9 @@ class Process:
             if cancelled():
                 return False
             if self.proc.poll() is not None:
-                raise StartFailed(self, f"exited with {self.proc.returncode}")
+                raise StartFailed(self, f"exited with {self.proc.returncode}", exited=True)
             if time.monotonic() > deadline:
-                raise StartFailed(self, f"not ready after {timeout_s:.0f}s")
+                raise StartFailed(self, f"not ready after {timeout_s:.0f}s", exited=False)
             time.sleep(0.1)
         return True
 

@@ -41,8 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.builders.diffusion_models import MID, TINY, RandomSDConfig, build_random_lora, build_random_sd  # noqa: E402
 from muestra.cli.launch import ServiceProcess  # noqa: E402
-from tests.fixtures.diffusion_models import MID, TINY, RandomSDConfig, build_random_lora, build_random_sd  # noqa: E402
 
 PROMPT = "a watercolor painting of a lighthouse at sunset"
 SEED = 1234

@@ -18,9 +18,9 @@ import onnxruntime as ort
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
+from bench.builders.lm_tokenizer import save_tiny_tokenizer
 from muestra.lm.export import export_lm
 from muestra.lm.export.checks import last_position
-from tests.fixtures.lm_models import save_tiny_tokenizer
 
 EVAL_TEXT = " ".join(
     ["Once upon a time, in a land far away, there lived a small robot who loved to count numbers."] * 8

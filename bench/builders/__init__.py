@@ -1,0 +1,4 @@
+"""What the benches and the tests both build: random Stable Diffusion pipelines and LoRAs (diffusion_models.py)
+and the tiny LMs' tokenizer (lm_tokenizer.py).
+
+Both use them from here: the benches depend on nothing under tests/."""

@@ -126,6 +126,16 @@ def png_bytes(image) -> bytes:
     return buffer.getvalue()
 
 
+def pixels(png: bytes):
+    """A PNG's RGB pixels, uint8 [height, width, 3]."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+
 def task_calls(case: Case, task: str, pipes: dict):
     """The ImageRequest fields and the bare pipeline with its call, for one task."""
     init, mask = task_inputs(case.size)
@@ -157,7 +167,6 @@ def run_case(
     from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionInpaintPipeline, StableDiffusionPipeline
 
     from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc, gateway_pb2_grpc
-    from tests.diffusion.client import pixels
 
     folder = build_random_sd(cache_dir / case.name, case.config)
     (cache_dir / "logs").mkdir(parents=True, exist_ok=True)

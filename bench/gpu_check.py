@@ -125,11 +125,13 @@ def greedy_equal(args, log_dir: Path) -> bool:
 
 def diffusion(args, log_dir: Path) -> bool:
     """One image from the default image model on CUDA float16 and on CPU float32, the same seed."""
+    import io
+
     import grpc
+    from PIL import Image
 
     from muestra.cli.launch import ServiceProcess
     from muestra.v1 import diffusion_pb2, diffusion_pb2_grpc
-    from tests.diffusion.client import pixels
 
     images = {}
     for device, dtype in ((GPU["diffusion"], GPU["dtype"]), ("cpu", "float32")):
@@ -145,7 +147,8 @@ def diffusion(args, log_dir: Path) -> bool:
                 request = diffusion_pb2.ImageRequest(prompt="a seven", steps=args.image_steps, seed=1234)
                 for response in stub.Generate(request, timeout=300):
                     if response.WhichOneof("kind") == "image":
-                        images[device, dtype] = pixels(response.image.png).astype(np.float64)
+                        png = Image.open(io.BytesIO(response.image.png)).convert("RGB")
+                        images[device, dtype] = np.asarray(png, dtype=np.float64)
         finally:
             service.stop()
     diff = np.abs(images[GPU["diffusion"], GPU["dtype"]] - images["cpu", "float32"])

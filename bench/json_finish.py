@@ -4,7 +4,7 @@
 
 One stack (bench.stack.LocalStack) on models/smollm2-135m-instruct. Through the OpenAI chat API:
 - json_object: 20 requests (prompts asking for JSON about everyday things) at temperature 0 and 20 at 0.7;
-- schemas: 50 JSON Schemas from tests/constraints/schemas.py's seeded generator with every string, array and
+- schemas: 50 JSON Schemas from bench/builders/json_schemas.py's seeded generator with every string, array and
   object bound removed (maxLength, maxItems, maxProperties: what a user's schema often lacks), `strict` off, one
   request each at temperature 0 and at 0.7, the prompt naming the schema's properties.
 Counts the answers that finish (finish_reason "stop") within --max-tokens and parse as JSON (and validate, for
@@ -27,9 +27,9 @@ import tempfile  # noqa: E402
 import jsonschema  # noqa: E402
 import openai  # noqa: E402
 
+from bench.builders.json_schemas import random_schema  # noqa: E402
 from bench.speculative import cpu_name  # noqa: E402
 from bench.stack import DEFAULT_TEXT_MODEL, LocalStack  # noqa: E402
-from tests.constraints.schemas import random_schema  # noqa: E402
 
 SUBJECTS = [
     "a cat", "the city of Paris", "a cup of coffee", "a bicycle", "the planet Mars", "a birthday party",

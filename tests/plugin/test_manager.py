@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import logging
 import sys
 import types
 
+import pluggy
 import pytest
 
-from muestra.plugin import hookimpl
-from muestra.plugin.manager import Plugins, Registration, disabled_names
+from muestra.plugin import ENTRY_POINT_GROUP, hookimpl, hookspecs
+from muestra.plugin.manager import (
+    DISABLE_ENV,
+    Plugins,
+    Registration,
+    disabled_names,
+    entry_points,
+    forget_entry_points,
+)
+
+# Every hook muestra.plugin.hookspecs declares, read from pluggy's own markers: a new hook is in it.
+HOOKS = sorted(n for n in dir(hookspecs) if pluggy.PluginManager("muestra").parse_hookspec_opts(hookspecs, n))
 
 
 def accept(name, value="value", aliases=()) -> Registration:
@@ -132,7 +144,79 @@ def test_a_plugin_that_fails_in_one_hook_keeps_what_it_registered_through_anothe
     assert record.errors == {"register_schedulers": "RuntimeError: no schedulers today"}
 
 
-@pytest.mark.parametrize("hook", ["register_samplers", "register_constraints", "register_schedulers"])
+def every_hook_plugin() -> types.ModuleType:
+    """A plugin module that implements every hook: register(f"from {hook}")."""
+    module = types.ModuleType("fake_every_hook")
+    for hook in HOOKS:
+
+        def implementation(register, hook=hook):
+            register(f"from {hook}")
+
+        setattr(module, hook, hookimpl(implementation))
+    return module
+
+
+def test_every_function_of_the_hookspecs_module_is_a_hook():
+    functions = [name for name, value in vars(hookspecs).items() if inspect.isfunction(value)]
+    assert "register_proposers" in HOOKS and sorted(functions) == HOOKS
+
+
+@pytest.mark.parametrize("hook", HOOKS)
 def test_every_hook_is_called_through_the_same_rule(hook):
-    plugins = Plugins.load({}, env={})
-    assert all(e.plugin for e in plugins.call_register_hook(hook, hook, lambda *a, **k: Registration("x", a)))
+    plugins = Plugins.load({"every": every_hook_plugin()}, env={})
+    registered = plugins.call_register_hook(hook, hook, accept)
+    assert [(e.name, e.plugin) for e in registered if e.plugin == "every"] == [(f"from {hook}", "every")]
+    assert all(e.plugin for e in registered)
+    assert next(r for r in plugins.records() if r.name == "every").registered == {hook: [f"from {hook}"]}
+
+
+@pytest.fixture
+def entry_point_calls(monkeypatch):
+    """Counts the searches for entry points and the imports of each, from a fresh start of the cache."""
+    calls = {"found": 0, "imported": []}
+    find, load = importlib.metadata.entry_points, importlib.metadata.EntryPoint.load
+
+    def counted_find(**kwargs):
+        calls["found"] += 1
+        return find(**kwargs)
+
+    def counted_load(entry_point):
+        calls["imported"].append(entry_point.name)
+        return load(entry_point)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", counted_find)
+    monkeypatch.setattr(importlib.metadata.EntryPoint, "load", counted_load)
+    forget_entry_points()
+    yield calls
+    forget_entry_points()
+
+
+def test_entry_points_are_found_and_imported_once_however_often_plugins_load(entry_point_calls):
+    for hook in HOOKS:
+        Plugins.load({}, env={}).call_register_hook(hook, hook, accept)
+    installed = [entry_point.name for entry_point in entry_points()]
+    assert "mirostat" in installed
+    assert entry_point_calls == {"found": 1, "imported": installed}
+
+
+def test_a_disabled_entry_point_is_not_even_imported(entry_point_calls):
+    record = next(r for r in Plugins.load({}, env={DISABLE_ENV: "mirostat"}).records() if r.name == "mirostat")
+    assert record.disabled and "mirostat" not in entry_point_calls["imported"]
+    Plugins.load({}, env={})  # enabled again: imported now, once
+    assert entry_point_calls["imported"].count("mirostat") == 1
+
+
+def test_an_entry_point_that_fails_to_import_fails_once_and_every_load_lists_its_error(monkeypatch, caplog):
+    broken = importlib.metadata.EntryPoint("broken", "muestra_no_such_module", ENTRY_POINT_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kwargs: [broken])
+    forget_entry_points()
+    try:
+        with caplog.at_level(logging.ERROR, logger="muestra.plugins"):
+            records = [next(r for r in Plugins.load({}, env={}).records() if r.name == "broken") for _ in range(3)]
+    finally:
+        forget_entry_points()
+    assert caplog.text.count("plugin broken (muestra_no_such_module) failed to load") == 1
+    for record in records:
+        assert record.failed and record.errors == {
+            "load": "ModuleNotFoundError: No module named 'muestra_no_such_module'"
+        }

@@ -7,11 +7,15 @@
 One failure rule for every hook: a plugin whose hook raises, or that registers something invalid,
 registers nothing from that hook call and is listed with its error. A name already registered by an
 earlier plugin is not a failure: the first registration wins and the later one is logged and skipped.
+
+The entry points are found, and each one imported, once per process: a gateway loads its samplers,
+constraints and proposers from one import of each plugin. `forget_entry_points()` finds them again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import logging
@@ -56,14 +60,17 @@ class Registration(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Registered:
-    """A registered value and the plugin, distribution and version it came from."""
+    """A registered value and the plugin, distribution and version it came from.
+
+    Each kind's registry subclasses it to name the value (RegisteredSampler.sampler, SchedulerEntry.factory).
+    """
 
     name: str
     value: Any
-    aliases: tuple[str, ...]
-    plugin: str
-    distribution: str
-    version: str
+    aliases: tuple[str, ...] = ()
+    plugin: str = ""
+    distribution: str = ""
+    version: str = ""
 
 
 class InvalidRegistration(TypeError):
@@ -104,16 +111,22 @@ def disabled_names(env: Mapping[str, str] | None = None) -> set[str]:
     return {name.strip() for name in raw.replace(",", " ").split() if name.strip()}
 
 
+@functools.cache
 def _distribution_of(module_name: str) -> tuple[str, str]:
     """The distribution that ships the module, and its version ("", "" when unknown).
 
     Editable installs do not list their modules in the distribution's RECORD, so the
-    repository's naming convention (muestra.gateway.* -> muestra-gateway) is tried first.
+    repository's naming convention (muestra.gateway.* -> muestra-gateway) is tried first;
+    packages_distributions() reads every installed distribution, so only when that fails.
     """
     parts = module_name.split(".")
-    candidates = ["-".join(parts[:2]), parts[0]]
-    candidates += importlib.metadata.packages_distributions().get(parts[0], [])
-    for dist_name in candidates:
+
+    def candidates():
+        yield "-".join(parts[:2])
+        yield parts[0]
+        yield from importlib.metadata.packages_distributions().get(parts[0], [])
+
+    for dist_name in candidates():
         try:
             return dist_name, importlib.metadata.version(dist_name)
         except importlib.metadata.PackageNotFoundError:
@@ -123,6 +136,28 @@ def _distribution_of(module_name: str) -> tuple[str, str]:
 
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+@functools.cache
+def entry_points() -> tuple[importlib.metadata.EntryPoint, ...]:
+    """The `muestra` entry points of this environment, found once per process."""
+    return tuple(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+@functools.cache
+def _import(entry_point: importlib.metadata.EntryPoint) -> tuple[Any, str]:
+    """(the plugin, "") or (None, the error): an entry point is imported, or fails, once per process."""
+    try:
+        return entry_point.load(), ""
+    except Exception as exc:  # a broken third-party plugin must not take the service down
+        log.exception("plugin %s (%s) failed to load; skipped", entry_point.name, entry_point.value)
+        return None, _error(exc)
+
+
+def forget_entry_points() -> None:
+    """Find and import the entry points again at the next load (a test that installs or fakes one)."""
+    entry_points.cache_clear()
+    _import.cache_clear()
 
 
 class Plugins:
@@ -152,7 +187,7 @@ class Plugins:
             records.append(PluginRecord(name, *_distribution_of(module_name), disabled=name in disabled))
             if name not in disabled:
                 pm.register(plugin, name=name)
-        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        for entry_point in entry_points():
             dist = entry_point.dist.name if entry_point.dist else ""
             version = entry_point.dist.version if entry_point.dist else ""
             record = PluginRecord(entry_point.name, dist, version, disabled=entry_point.name in disabled)
@@ -160,12 +195,12 @@ class Plugins:
                 continue  # a built-in of the same name, or the same entry point seen twice
             records.append(record)
             if record.disabled:
-                continue
-            try:
-                pm.register(entry_point.load(), name=entry_point.name)
-            except Exception as exc:  # a broken third-party plugin must not take the service down
-                log.exception("plugin %s from %s failed to load; skipped", entry_point.name, dist)
-                record.errors["load"] = _error(exc)
+                continue  # not imported at all: disabling is how to get past a plugin that breaks on import
+            plugin, error = _import(entry_point)
+            if error:
+                record.errors["load"] = error
+            else:
+                pm.register(plugin, name=entry_point.name)
         for record in records:
             if record.disabled:
                 log.info("plugin %s disabled by %s", record.name, DISABLE_ENV)
@@ -181,17 +216,19 @@ class Plugins:
         what: str,
         accept: Callable[..., Registration],
         key: Callable[[str], str] = str,
+        entry_type: type[Registered] = Registered,
     ) -> list[Registered]:
         """Call every plugin's `hook` with its own `register` callback; what they registered, first name wins.
 
         accept(*args, **kwargs) turns one register(...) call into a Registration, raising TypeError or
-        ValueError for an invalid one. key(name) is how names compare (e.g. ignoring case).
+        ValueError for an invalid one. key(name) is how names compare (e.g. ignoring case). Each accepted
+        registration becomes an `entry_type`.
         """
         taken: dict[str, Registered] = {}
         accepted: list[Registered] = []
         for impl in getattr(self.pm.hook, hook).get_hookimpls():
             record = self._records[impl.plugin_name]
-            pending = self._call(impl, hook, what, accept, record)
+            pending = self._call(impl, hook, what, accept, record, entry_type)
             for entry in pending:
                 clash = next((n for n in (entry.name, *entry.aliases) if key(n) in taken), None)
                 if clash is not None:
@@ -207,7 +244,7 @@ class Plugins:
                 record.registered.setdefault(hook, []).append(entry.name)
         return accepted
 
-    def _call(self, impl, hook: str, what: str, accept, record: PluginRecord) -> list[Registered]:
+    def _call(self, impl, hook: str, what: str, accept, record: PluginRecord, entry_type) -> list[Registered]:
         """One plugin's registrations from one hook call: all of them, or none if it failed."""
         pending: list[Registered] = []
         invalid: list[InvalidRegistration] = []
@@ -218,7 +255,7 @@ class Plugins:
             except (TypeError, ValueError) as exc:
                 invalid.append(InvalidRegistration(f"plugin {record.name!r} registered an invalid {what}: {exc}"))
                 raise invalid[-1] from None
-            pending.append(Registered(name, value, tuple(aliases), record.name, record.distribution, record.version))
+            pending.append(entry_type(name, value, tuple(aliases), record.name, record.distribution, record.version))
 
         try:
             impl.function(**{arg: register for arg in impl.argnames})

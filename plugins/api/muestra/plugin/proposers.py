@@ -22,6 +22,9 @@ speculation does not pay.
 service (the built-in "draft_model" proposer runs a smaller model on an lm). Its time counts in the step
 it drafts for, so the adaptive policy weighs it. A proposer that raises, or whose coroutine fails, gives
 no drafts for that step; the rows go on one token at a time.
+
+A proposer that drafts with a served model learns the gateway's models from `attach`, once at start-up,
+and refuses a request whose model it cannot draft for in `check_target`, before admission.
 """
 
 from __future__ import annotations
@@ -93,6 +96,19 @@ class DraftProposer:
     def idle(self, group: object) -> None:
         """The step loop `group`, which asked for drafts before, has no row asking now (its rows finished or
         paused): a proposer may free what it holds for that loop. It may ask again later."""
+
+    def attach(self, models: Any, lm_timeout_s: float) -> None:
+        """Called once at the gateway's start, before any request: its served models, and how long it waits on
+        an lm call. `models.text` maps each served text model's name to a model with `name`, `vocab_size`,
+        `tokenizer_vocab_size`, `context_length`, `eos_token_ids`, `special_token_ids` and `replicas` (each
+        with an `address`). A proposer that drafts with a served model keeps them; the default ignores them."""
+
+    def check_target(self, params: dict, model: Any) -> None:
+        """Called before admission with a request's params (as `validate` returned them) and the text model it
+        samples (as in `attach`): raise if this proposer cannot draft for that model, as `validate` does for a
+        bad value (SamplerParamError naming the param). A request that asked for this proposer gets
+        INVALID_ARGUMENT; one that has it as the gateway's default goes without drafts. The default accepts
+        every model."""
 
 
 def check_proposer(proposer: object) -> None:

@@ -299,29 +299,30 @@ class DraftModelProposer(DraftProposer):
         self._sessions: dict[tuple[int, str], tuple[object, DraftSession]] = {}
         self._spread = itertools.count()
 
-    def attach(self, models, timeout_s: float) -> None:
-        """The gateway's served models (a ModelRegistry), where draft models are found."""
+    def attach(self, models, lm_timeout_s: float) -> None:
+        """Keep the gateway's served models (a ModelRegistry), where draft models are found."""
         self._models = models
-        self._timeout_s = min(timeout_s, MAX_TIMEOUT_S)
+        self._timeout_s = min(lm_timeout_s, MAX_TIMEOUT_S)
 
-    def check_target(self, params: dict, target) -> None:
-        """Raise InvalidArgument naming speculation.params.model if it cannot draft for `target` (a TextModel)."""
+    def check_target(self, params: dict, model) -> None:
+        """InvalidArgument naming speculation.params.model unless params["model"] is another served text model
+        with the same tokenizer as `model` (a TextModel)."""
         field = "speculation.params.model"
         name = params["model"]
         served = self._models.text if self._models is not None else {}
         if name not in served:
             known = ", ".join(sorted(served)) or "none"
             raise InvalidArgument(field, f"{name!r} is not a served text model (served: {known})")
-        if name == target.name:
+        if name == model.name:
             raise InvalidArgument(field, f"{name!r} is the model being sampled; name a smaller one")
         draft = served[name]
         if (draft.tokenizer_vocab_size, draft.special_token_ids, draft.eos_token_ids) != (
-            target.tokenizer_vocab_size, target.special_token_ids, target.eos_token_ids
+            model.tokenizer_vocab_size, model.special_token_ids, model.eos_token_ids
         ):  # fmt: skip
             raise InvalidArgument(
                 field,
-                f"{name!r} has another tokenizer than {target.name!r} ({draft.tokenizer_vocab_size} against "
-                f"{target.tokenizer_vocab_size} ids, or other special or end ids); a draft model must share it",
+                f"{name!r} has another tokenizer than {model.name!r} ({draft.tokenizer_vocab_size} against "
+                f"{model.tokenizer_vocab_size} ids, or other special or end ids); a draft model must share it",
             )
 
     async def propose(self, rows: Sequence[DraftRow]) -> list[list[int]]:

@@ -1,4 +1,5 @@
-"""Sampler plugins: discovery through entry points, disabling, broken plugins, schemas, docs."""
+"""Plugins: discovery through entry points (once per process), disabling, broken plugins, schemas, docs; every
+hook fills one registry; the proposer interface's start-up and admission hooks."""
 
 from __future__ import annotations
 
@@ -13,13 +14,40 @@ import numpy as np
 import pluggy
 import pytest
 
+from muestra.gateway.engine.constraints.registry import ConstraintRegistry
+from muestra.gateway.engine.proposers.registry import ProposerRegistry
 from muestra.gateway.engine.sampling import ModelInfo, SamplerRegistry, new_rows, sample_next_tokens, validate_chain
-from muestra.plugin import REQUIRED, Int, LogitsProcessor, TokenSelector, hookimpl, hookspecs
+from muestra.plugin import (
+    MAX_DRAFT_TOKENS,
+    REQUIRED,
+    DraftProposer,
+    Int,
+    LogitsProcessor,
+    SamplerParamError,
+    String,
+    TokenSelector,
+    hookimpl,
+    hookspecs,
+)
 from muestra.plugin.builtins import BUILTIN_SAMPLER_MODULES
+from muestra.plugin.manager import entry_points, forget_entry_points
 from muestra.runtime.errors import InvalidArgument
+from muestra.v1 import gateway_pb2
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 MODEL = ModelInfo(vocab_size=64, eos_token_ids=(2,))
+# Every hook muestra.plugin.hookspecs declares, read from pluggy's own markers: a new hook is in it.
+HOOKS = sorted(n for n in dir(hookspecs) if pluggy.PluginManager("muestra").parse_hookspec_opts(hookspecs, n))
+
+
+def registries() -> list[type]:
+    """Every kind's registry class: the gateway's three, and the diffusion service's when it is installed."""
+    kinds = [SamplerRegistry, ConstraintRegistry, ProposerRegistry]
+    try:
+        from muestra.diffusion.registry import SchedulerRegistry
+    except ImportError:
+        return kinds
+    return [*kinds, SchedulerRegistry]
 
 
 def test_example_plugin_is_discovered_through_its_entry_point(sampler_registry):
@@ -156,7 +184,90 @@ def test_every_parameter_schema_is_valid_json_schema_that_accepts_the_defaults(s
 
 def test_every_hook_and_builtin_sampler_is_documented():
     text = DOCS.read_text()
-    hooks = [name for name in dir(hookspecs) if name.startswith("register_")]
-    assert hooks == ["register_constraints", "register_proposers", "register_samplers", "register_schedulers"]
-    for name in [*hooks, *BUILTIN_SAMPLER_MODULES, "MUESTRA_DISABLE_PLUGINS", "muestra plugins"]:
+    assert "register_proposers" in HOOKS
+    for name in [*HOOKS, *BUILTIN_SAMPLER_MODULES, "MUESTRA_DISABLE_PLUGINS", "muestra plugins"]:
         assert f"`{name}" in text, f"{name} is not documented in docs/plugins.md"
+
+
+def test_every_hook_fills_one_registry_and_its_built_ins_register_through_it():
+    kinds = registries()
+    if len(kinds) < len(HOOKS):
+        pytest.skip("muestra-diffusion is not installed: no registry of schedulers here")
+    assert sorted(kind.hook for kind in kinds) == HOOKS
+    for kind in kinds:
+        registry = kind.load(env={})
+        built_in = [entry.name for entry in registry.entries() if entry.plugin in kind.builtins]
+        assert built_in, f"no built-in registers through {kind.hook}"
+        assert all(kind.hook in r.registered for r in registry.records() if r.name in kind.builtins)
+
+
+@pytest.fixture
+def counted_entry_points(monkeypatch):
+    """How often entry points are searched for, and each one imported, from a fresh start of the cache."""
+    calls = {"searches": 0, "imports": []}
+    search, load = importlib.metadata.entry_points, importlib.metadata.EntryPoint.load
+
+    def counted_search(**kwargs):
+        calls["searches"] += 1
+        return search(**kwargs)
+
+    def counted_load(entry_point):
+        calls["imports"].append(entry_point.name)
+        return load(entry_point)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", counted_search)
+    monkeypatch.setattr(importlib.metadata.EntryPoint, "load", counted_load)
+    forget_entry_points()
+    yield calls
+    forget_entry_points()
+
+
+def test_a_process_searches_and_imports_the_entry_points_once_for_every_registry(counted_entry_points):
+    from muestra.cli.plugins import _local
+
+    for kind in registries():  # what the gateway and the diffusion service load at start-up
+        kind.load()
+    listed = _local()  # and `muestra plugins --local`, in the same process
+    assert "mirostat" in {row["name"] for row in listed}
+    installed = [entry_point.name for entry_point in entry_points()]
+    assert counted_entry_points == {"searches": 1, "imports": installed}
+
+
+class _Drafts(DraftProposer):
+    """A proposer that drafts with another served model, as draft_model does, through muestra.plugin alone."""
+
+    name = "other_model"
+    description = "Drafts with another served model."
+    parameters = {"model": String(REQUIRED, "The drafting model."), "max_draft_tokens": MAX_DRAFT_TOKENS}
+
+    def attach(self, models, lm_timeout_s):
+        self.models, self.lm_timeout_s = models, lm_timeout_s
+
+    def check_target(self, params, model):
+        if params["model"] not in self.models.text or params["model"] == model.name:
+            raise SamplerParamError(self.name, "model", f"{params['model']!r} cannot draft for {model.name!r}")
+
+    def propose(self, rows):
+        return [[] for _ in rows]
+
+
+def test_a_proposer_learns_the_served_models_at_start_up_and_refuses_a_target_it_cannot_draft_for():
+    plugin = types.SimpleNamespace(register_proposers=hookimpl(lambda register: register(_Drafts())))
+    proposers = ProposerRegistry.load(env={}, builtin_modules={"other_model": plugin})
+    models = types.SimpleNamespace(text={"small": types.SimpleNamespace(name="small")})
+    proposers.attach(models, 30.0)
+    proposer = proposers.lookup("other_model").proposer
+    assert (proposer.models, proposer.lm_timeout_s) == (models, 30.0)
+    speculation = proposers.choose(gateway_pb2.SpeculationSpec(proposer="other_model", params={"model": "small"}))
+    proposers.check_target(speculation, types.SimpleNamespace(name="large"))
+    with pytest.raises(InvalidArgument) as refused:
+        proposers.check_target(speculation, types.SimpleNamespace(name="small"))
+    assert str(refused.value) == "speculation.params.model: 'small' cannot draft for 'small'"
+
+
+def test_a_proposer_that_declares_no_start_up_or_admission_hook_accepts_every_model():
+    proposers = ProposerRegistry.load(env={})
+    proposers.attach(types.SimpleNamespace(text={}), 30.0)
+    speculation = proposers.choose(gateway_pb2.SpeculationSpec(proposer="ngram"))
+    assert type(speculation.proposer).check_target is DraftProposer.check_target  # the default
+    proposers.check_target(speculation, types.SimpleNamespace(name="any"))

@@ -50,45 +50,49 @@ def _constraint(name: str, description: str, parameter_schema: dict) -> dict:
 def _local() -> list[dict]:
     try:
         from muestra.gateway.engine.constraints.registry import ConstraintRegistry
+        from muestra.gateway.engine.proposers.registry import ProposerRegistry
         from muestra.gateway.engine.sampling import SamplerRegistry
     except ImportError:
         raise CliError("muestra-gateway is not installed here; ask a gateway with --gateway ADDRESS") from None
-    registry = SamplerRegistry.load()
-    samplers = {entry.name: entry for entry in registry.list()}
+    # Every kind's registry loads from the same import of each entry point (muestra.plugin.manager).
+    samplers = SamplerRegistry.load()
     rows = {
         plugin.name: _row(
             plugin.name, plugin.distribution, plugin.version, plugin.disabled,
             [
-                {"name": name, "description": samplers[name].sampler.description,
-                 "argmax_invariant": samplers[name].sampler.argmax_invariant, "kind": samplers[name].kind}
-                for name in plugin.samplers
+                {"name": entry.name, "description": entry.sampler.description,
+                 "argmax_invariant": entry.sampler.argmax_invariant, "kind": entry.kind}
+                for entry in map(samplers.lookup, plugin.samplers)
             ],
             [],
             errors=plugin.errors,
         )
-        for plugin in registry.plugins()
+        for plugin in samplers.plugins()
     }  # fmt: skip
+
+    def row_of(entry) -> dict:
+        return rows.setdefault(entry.plugin, _row(entry.plugin, entry.distribution, entry.version, False, [], []))
+
     constraints = ConstraintRegistry.load()
-    for plugin, entries in constraints.by_plugin().items():
-        first = entries[0]
-        row = rows.setdefault(plugin, _row(plugin, first.distribution, first.version, False, [], []))
-        row["constraints"] += [
-            _constraint(e.name, e.constraint.description, e.constraint.parameter_schema) for e in entries
-        ]
-    from muestra.gateway.engine.proposers.registry import ProposerRegistry
-
-    for entry in ProposerRegistry.load().list():
-        row = rows.setdefault(entry.plugin, _row(entry.plugin, entry.distribution, entry.version, False, [], []))
-        row["proposers"].append({"name": entry.name, "description": entry.proposer.description})
-    for plugin, errors in constraints.errors.items():
-        if plugin in rows:
-            rows[plugin]["errors"].update(errors)
+    for entry in constraints.list():
+        row_of(entry)["constraints"].append(
+            _constraint(entry.name, entry.constraint.description, entry.constraint.parameter_schema)
+        )
+    proposers = ProposerRegistry.load()
+    for entry in proposers.list():
+        row_of(entry)["proposers"].append({"name": entry.name, "description": entry.proposer.description})
+    registries = [constraints, proposers]
     if importlib.util.find_spec("muestra.diffusion") is not None:
-        from muestra.diffusion.registry import load_scheduler_registry
+        from muestra.diffusion.registry import SchedulerRegistry
 
-        for entry in load_scheduler_registry().entries():
-            row = rows.setdefault(entry.plugin, _row(entry.plugin, entry.distribution, entry.version, False, [], []))
-            row["schedulers"].append({"name": entry.name, "aliases": list(entry.aliases)})
+        schedulers = SchedulerRegistry.load()
+        for entry in schedulers.entries():  # in registration order, as the diffusion service lists them
+            row_of(entry)["schedulers"].append({"name": entry.name, "aliases": list(entry.aliases)})
+        registries.append(schedulers)
+    for registry in registries:
+        for plugin, errors in registry.errors.items():
+            if plugin in rows:
+                rows[plugin]["errors"].update(errors)
     return list(rows.values())
 
 

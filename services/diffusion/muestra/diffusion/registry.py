@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from muestra.plugin.manager import Plugins, Registration
+from muestra.plugin.manager import Registered, Registration
+from muestra.plugin.registry import Registry
 from muestra.runtime.errors import InvalidArgument
 
 log = logging.getLogger("muestra.diffusion.schedulers")
@@ -18,14 +18,12 @@ BUILTIN_PLUGINS = {"diffusion-schedulers": "muestra.diffusion.schedulers"}
 SchedulerFactory = Callable[[Mapping[str, Any]], Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class SchedulerEntry:
-    name: str
-    aliases: tuple[str, ...]
-    factory: SchedulerFactory
-    plugin: str = ""
-    distribution: str = ""
-    version: str = ""
+class SchedulerEntry(Registered):
+    """A scheduler factory, its aliases and where it came from."""
+
+    @property
+    def factory(self) -> SchedulerFactory:
+        return self.value
 
     def build(self, base_config: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> Any:
         """A fresh scheduler from the pipeline's own scheduler config, with `options` overriding its config."""
@@ -51,38 +49,32 @@ def _accept(name: str, factory: SchedulerFactory, aliases: tuple[str, ...] | lis
     return Registration(name, factory, tuple(aliases))
 
 
-class SchedulerRegistry:
+class SchedulerRegistry(Registry[SchedulerEntry]):
     """Registered schedulers; lookups by name or alias ignore case."""
 
-    def __init__(self, entries: list[SchedulerEntry]) -> None:
-        self._entries = {entry.name: entry for entry in entries}
-        self._by_key = {_key(n): entry for entry in entries for n in (entry.name, *entry.aliases)}
+    hook, what, entry_type = "register_schedulers", "scheduler", SchedulerEntry
+    builtins = BUILTIN_PLUGINS
+    accept = staticmethod(_accept)
+    key = staticmethod(_key)
 
     def get(self, name: str) -> SchedulerEntry | None:
-        return self._by_key.get(_key(name))
+        return self.find(name)
 
     def resolve(self, name: str, field: str = "sampler") -> SchedulerEntry:
         """The entry for `name`, or InvalidArgument listing the known names."""
-        entry = self.get(name)
+        entry = self.find(name)
         if entry is None:
             raise InvalidArgument(field, f"unknown sampler {name!r}; known: {', '.join(self.names())}")
         return entry
 
     def model_default(self, scheduler: Any) -> SchedulerEntry:
         """An entry that rebuilds the pipeline's own scheduler, named as registered when its class is."""
-        registered = self.get(type(scheduler).__name__)
-        return SchedulerEntry(registered.name if registered else type(scheduler).__name__, (), type(scheduler))
+        registered = self.find(type(scheduler).__name__)
+        return SchedulerEntry(registered.name if registered else type(scheduler).__name__, type(scheduler))
 
     def names(self) -> list[str]:
-        return list(self._entries)
-
-    def entries(self) -> list[SchedulerEntry]:
-        return list(self._entries.values())
-
-    def remove(self, name: str) -> None:
-        entry = self._entries.pop(name)
-        for n in (entry.name, *entry.aliases):
-            self._by_key.pop(_key(n), None)
+        """In registration order, the built-ins' first, as ListSchedulers lists them."""
+        return [entry.name for entry in self.entries()]
 
     def keep_buildable(self, base_config: Mapping[str, Any]) -> None:
         """Drop (and log) every scheduler that cannot be built from the loaded pipeline's scheduler config."""
@@ -96,8 +88,4 @@ class SchedulerRegistry:
 
 def load_scheduler_registry(env: Mapping[str, str] | None = None) -> SchedulerRegistry:
     """Built-in and entry-point plugins' `register_schedulers` hooks; the first plugin to claim a name wins."""
-    plugins = Plugins.load(BUILTIN_PLUGINS, env)
-    registered = plugins.call_register_hook("register_schedulers", "scheduler", _accept, key=_key)
-    return SchedulerRegistry(
-        [SchedulerEntry(e.name, e.aliases, e.value, e.plugin, e.distribution, e.version) for e in registered]
-    )
+    return SchedulerRegistry.load(env)

@@ -4,30 +4,26 @@ and a request's choice among them."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Sequence
 
 from google.protobuf import json_format
 
 from muestra.gateway.engine.proposers import BUILTIN_PROPOSER_MODULES
 from muestra.plugin import DraftProposer, SamplerParamError, check_proposer
-from muestra.plugin.manager import Plugins, Registration
+from muestra.plugin.manager import PluginRecord, Registered
+from muestra.plugin.registry import Registry
 from muestra.runtime.errors import InvalidArgument
 from muestra.v1 import gateway_pb2
 
 OFF = "off"
 
 
-@dataclasses.dataclass(frozen=True)
-class RegisteredProposer:
-    proposer: DraftProposer
-    plugin: str
-    distribution: str
-    version: str
+class RegisteredProposer(Registered):
+    """A proposer and where it came from."""
 
     @property
-    def name(self) -> str:
-        return self.proposer.name
+    def proposer(self) -> DraftProposer:
+        return self.value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,32 +42,17 @@ class Speculation:
         return self.params.get("adaptive", True)
 
 
-def _accept(proposer: DraftProposer) -> Registration:
-    check_proposer(proposer)
-    return Registration(proposer.name, proposer)
-
-
-class ProposerRegistry:
+class ProposerRegistry(Registry[RegisteredProposer]):
     """Proposers by name. Built from the plugins once."""
 
-    def __init__(self, proposers: list[RegisteredProposer], default: gateway_pb2.SpeculationSpec | None = None) -> None:
-        self._proposers = {entry.name: entry for entry in proposers}
+    hook, what, entry_type = "register_proposers", "proposer", RegisteredProposer
+    builtins = BUILTIN_PROPOSER_MODULES
+    check = staticmethod(check_proposer)
+
+    def __init__(self, proposers: Sequence[RegisteredProposer], records: Sequence[PluginRecord] = ()) -> None:
+        super().__init__(proposers, records)
         # What a request without a SpeculationSpec gets (the gateway's --speculation).
-        self.default = default if default is not None else gateway_pb2.SpeculationSpec(proposer=OFF)
-
-    @classmethod
-    def load(
-        cls, env: Mapping[str, str] | None = None, builtin_modules: Mapping[str, Any] = BUILTIN_PROPOSER_MODULES
-    ) -> ProposerRegistry:
-        plugins = Plugins.load(builtin_modules, env)
-        registered = plugins.call_register_hook("register_proposers", "proposer", _accept)
-        return cls([RegisteredProposer(e.value, e.plugin, e.distribution, e.version) for e in registered])
-
-    def names(self) -> list[str]:
-        return sorted(self._proposers)
-
-    def list(self) -> list[RegisteredProposer]:
-        return [self._proposers[name] for name in sorted(self._proposers)]
+        self.default = gateway_pb2.SpeculationSpec(proposer=OFF)
 
     def choose(self, spec: gateway_pb2.SpeculationSpec | None, field: str = "speculation") -> Speculation | None:
         """The proposer a request asked for (or the default) with its checked params; None: no speculation."""
@@ -80,13 +61,27 @@ class ProposerRegistry:
         name = spec.proposer or self.default.proposer
         if name == OFF:
             return None
-        if name not in self._proposers:
+        if name not in self:
             known = ", ".join([*self.names(), OFF])
             raise InvalidArgument(f"{field}.proposer", f"unknown proposer {name!r}; registered: {known}")
-        proposer = self._proposers[name].proposer
+        proposer = self.lookup(name).proposer
         params = json_format.MessageToDict(spec.params) if spec.HasField("params") else {}
         try:
             return Speculation(proposer, proposer.validate(params))
+        except SamplerParamError as exc:
+            raise InvalidArgument(f"{field}.params.{exc.field}", exc.message) from exc
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"{field}.params", str(exc)) from exc
+
+    def attach(self, models, lm_timeout_s: float) -> None:
+        """Give every proposer the gateway's served models, at start-up (DraftProposer.attach)."""
+        for entry in self.entries():
+            entry.proposer.attach(models, lm_timeout_s)
+
+    def check_target(self, speculation: Speculation, model, field: str = "speculation") -> None:
+        """InvalidArgument naming the param if the request's proposer cannot draft for `model` (a TextModel)."""
+        try:
+            speculation.proposer.check_target(speculation.params, model)
         except SamplerParamError as exc:
             raise InvalidArgument(f"{field}.params.{exc.field}", exc.message) from exc
         except (TypeError, ValueError) as exc:

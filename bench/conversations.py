@@ -145,7 +145,7 @@ def serve_llama(
                     break
         except OSError:
             if time.monotonic() > deadline or not process.alive():
-                process.terminate()
+                process.stop()
                 raise RuntimeError(f"llama-server not healthy:\n{process.log_tail()}") from None
         time.sleep(0.2)
     server = Server("llama", f"http://127.0.0.1:{port}/v1", no_cache=no_cache, pids=[process.pid])
@@ -570,7 +570,7 @@ def main() -> None:
                 report["scenarios"][scenario] = asyncio.run(run_scenario(scenario, servers, texts, args))
             finally:
                 if llama is not None:
-                    llama.terminate()
+                    llama.stop()
             rounds = report["scenarios"][scenario]["rounds"]
             summaries = {name: SUMMARIES[scenario](results) for name, results in rounds.items() if results}
             for name in rounds.keys() - summaries.keys():

@@ -333,7 +333,7 @@ def main() -> None:
                 results, discarded = asyncio.run(run_streams([muestra, server], streams, args))
                 report["results"][streams], report["discarded"][streams] = results, discarded
             finally:
-                llama.terminate()
+                llama.stop()
     finally:
         stack.close()
     report["seconds"] = round(time.monotonic() - started, 1)

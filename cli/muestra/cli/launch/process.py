@@ -170,7 +170,7 @@ class Process:
                 self.proc.wait()
         return self.proc.returncode
 
-    terminate = stop  # the name the benches and the LocalStack tests use
+    terminate = stop  # the name some LocalStack tests use
 
     def rss(self) -> int:
         return rss_bytes(self.pid) if self.alive() else 0

@@ -37,6 +37,7 @@ test: $(STAMP) $(GENAI_STAMP) default-model ## run the test suite (starts its ow
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	.venv/bin/lint-imports
 
 proto: $(STAMP)               ## regenerate the Python stubs from proto/*.proto
 	$(PY) scripts/gen_proto.py

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from muestra.gateway.engine.generation.detokenizer import Detokenizer
 from muestra.gateway.engine.clients.progress import Progress
+from muestra.gateway.engine.generation.detokenizer import Detokenizer
 from muestra.gateway.engine.generation.request import GenerationRequest, Sequence
 from muestra.gateway.engine.generation.step_policy import (
     StepPolicy,

@@ -238,7 +238,7 @@ def test_an_error_after_the_stream_started_is_an_error_event_then_done():
 
     body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True)
     request, renames = chat_request(body)
-    run = TextRun(servicer=None, body=body, requests=[request], renames=renames, chat=True)
+    run = TextRun(engine=None, body=body, requests=[request], renames=renames, chat=True)
 
     async def stream() -> list[str]:
         messages = _fake_messages()

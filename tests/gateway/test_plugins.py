@@ -16,6 +16,7 @@ import pytest
 
 from muestra.gateway.engine.constraints.registry import ConstraintRegistry
 from muestra.gateway.engine.proposers.registry import ProposerRegistry
+from muestra.gateway.engine.requests import Step
 from muestra.gateway.engine.sampling import ModelInfo, SamplerRegistry, new_rows, sample_next_tokens, validate_chain
 from muestra.plugin import (
     MAX_DRAFT_TOKENS,
@@ -32,7 +33,6 @@ from muestra.plugin import (
 from muestra.plugin.builtins import BUILTIN_SAMPLER_MODULES
 from muestra.plugin.manager import entry_points, forget_entry_points
 from muestra.runtime.errors import InvalidArgument
-from muestra.v1 import gateway_pb2
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 MODEL = ModelInfo(vocab_size=64, eos_token_ids=(2,))
@@ -258,7 +258,7 @@ def test_a_proposer_learns_the_served_models_at_start_up_and_refuses_a_target_it
     proposers.attach(models, 30.0)
     proposer = proposers.lookup("other_model").proposer
     assert (proposer.models, proposer.lm_timeout_s) == (models, 30.0)
-    speculation = proposers.choose(gateway_pb2.SpeculationSpec(proposer="other_model", params={"model": "small"}))
+    speculation = proposers.choose(Step("other_model", {"model": "small"}))
     proposers.check_target(speculation, types.SimpleNamespace(name="large"))
     with pytest.raises(InvalidArgument) as refused:
         proposers.check_target(speculation, types.SimpleNamespace(name="small"))
@@ -268,6 +268,6 @@ def test_a_proposer_learns_the_served_models_at_start_up_and_refuses_a_target_it
 def test_a_proposer_that_declares_no_start_up_or_admission_hook_accepts_every_model():
     proposers = ProposerRegistry.load(env={})
     proposers.attach(types.SimpleNamespace(text={}), 30.0)
-    speculation = proposers.choose(gateway_pb2.SpeculationSpec(proposer="ngram"))
+    speculation = proposers.choose(Step("ngram"))
     assert type(speculation.proposer).check_target is DraftProposer.check_target  # the default
     proposers.check_target(speculation, types.SimpleNamespace(name="any"))

@@ -83,27 +83,17 @@ async def stream_generation(
             scheduler.poke()
 
 
-def speculation_spec(step: Step | None) -> gateway_pb2.SpeculationSpec | None:
-    """A Step as the proposer registry reads it."""
-    if step is None:
-        return None
-    spec = gateway_pb2.SpeculationSpec(proposer=step.name)
-    if step.params:
-        spec.params.update(step.params)
-    return spec
-
-
-def default_speculation(config: GatewayConfig, proposers: ProposerRegistry) -> gateway_pb2.SpeculationSpec:
+def default_speculation(config: GatewayConfig, proposers: ProposerRegistry) -> Step:
     """What requests that name no proposer get: --speculation with --speculation-params, checked now."""
-    spec = gateway_pb2.SpeculationSpec(proposer=config.speculation)
+    params = {}
     if config.speculation_params:
         try:
             params = json.loads(config.speculation_params)
             if not isinstance(params, dict):
                 raise ValueError(f"must be a JSON object, got {type(params).__name__}")
-            spec.params.update(params)
         except ValueError as exc:
             raise ValueError(f"--speculation-params: {exc}") from exc
+    spec = Step(config.speculation, params)
     try:
         proposers.choose(spec)
     except InvalidArgument as exc:
@@ -145,10 +135,7 @@ class Engine:
             known = ", ".join([*self.proposers.names(), OFF])
             raise ValueError(f"--speculation {config.speculation!r} is not a registered proposer ({known})")
         self.proposers.default = default_speculation(config, self.proposers)
-        for entry in self.proposers.list():
-            # A proposer that drafts with served models (the built-in draft_model) finds them here.
-            if callable(attach := getattr(entry.proposer, "attach", None)):
-                attach(registry, config.lm_timeout_s)
+        self.proposers.attach(registry, config.lm_timeout_s)  # DraftProposer.attach: draft_model finds its models
         self.limits = Limits(
             config.max_n, config.max_top_logprobs, config.max_stop_strings, config.max_stop_bytes,
             config.max_prompt_bytes,
@@ -206,11 +193,11 @@ class Engine:
             raise InvalidArgument("n", f"needs {rows} rows; the gateway's batch holds {self.config.max_batch_rows}")
         speculation = None
         if not chain.is_search:
-            asked = speculation_spec(request.speculation)
+            asked = request.speculation
             speculation = self.proposers.choose(asked)
-            if speculation is not None and callable(check := getattr(speculation.proposer, "check_target", None)):
+            if speculation is not None:
                 try:
-                    check(speculation.params, model)
+                    self.proposers.check_target(speculation, model)
                 except InvalidArgument:
                     if asked is not None:
                         raise

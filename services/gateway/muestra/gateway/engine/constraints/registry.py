@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import json
+
 from muestra.gateway.engine.constraints import BUILTIN_CONSTRAINT_MODULES
-from muestra.gateway.engine.sampling.registry import info_fields
 from muestra.plugin import Constraint, check_constraint
 from muestra.plugin.manager import Registered
 from muestra.plugin.registry import Registry
 from muestra.v1 import gateway_pb2
+
+
+def info_fields(entry: Registered) -> dict:
+    """The fields SamplerInfo and ConstraintInfo share: what was registered, by which plugin."""
+    return {
+        "name": entry.name,
+        "plugin": entry.plugin,
+        "distribution": entry.distribution,
+        "version": entry.version,
+        "description": entry.value.description,
+        "parameter_schema": json.dumps(entry.value.parameter_schema, sort_keys=True),
+    }
 
 
 class RegisteredConstraint(Registered):

@@ -5,7 +5,7 @@
 
 The built-in "ngram" and "draft_model" proposers are ordinary plugins, registered as third-party ones are;
 MUESTRA_DISABLE_PLUGINS names them by their names. "draft_model" also needs the gateway's served models
-(the server calls its `attach`).
+(the engine calls its `attach` at start-up).
 """
 
 from muestra.gateway.engine.proposers.draft_model import DraftModelProposer

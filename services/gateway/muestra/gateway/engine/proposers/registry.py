@@ -6,14 +6,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from google.protobuf import json_format
-
 from muestra.gateway.engine.proposers import BUILTIN_PROPOSER_MODULES
+from muestra.gateway.engine.requests import Step
 from muestra.plugin import DraftProposer, SamplerParamError, check_proposer
 from muestra.plugin.manager import PluginRecord, Registered
 from muestra.plugin.registry import Registry
 from muestra.runtime.errors import InvalidArgument
-from muestra.v1 import gateway_pb2
 
 OFF = "off"
 
@@ -52,20 +50,20 @@ class ProposerRegistry(Registry[RegisteredProposer]):
     def __init__(self, proposers: Sequence[RegisteredProposer], records: Sequence[PluginRecord] = ()) -> None:
         super().__init__(proposers, records)
         # What a request without a SpeculationSpec gets (the gateway's --speculation).
-        self.default = gateway_pb2.SpeculationSpec(proposer=OFF)
+        self.default = Step(OFF)
 
-    def choose(self, spec: gateway_pb2.SpeculationSpec | None, field: str = "speculation") -> Speculation | None:
+    def choose(self, spec: Step | None, field: str = "speculation") -> Speculation | None:
         """The proposer a request asked for (or the default) with its checked params; None: no speculation."""
         if spec is None:
             spec = self.default
-        name = spec.proposer or self.default.proposer
+        name = spec.name or self.default.name
         if name == OFF:
             return None
         if name not in self:
             known = ", ".join([*self.names(), OFF])
             raise InvalidArgument(f"{field}.proposer", f"unknown proposer {name!r}; registered: {known}")
         proposer = self.lookup(name).proposer
-        params = json_format.MessageToDict(spec.params) if spec.HasField("params") else {}
+        params = dict(spec.params)
         try:
             return Speculation(proposer, proposer.validate(params))
         except SamplerParamError as exc:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 
+from muestra.gateway.engine.constraints.registry import info_fields
 from muestra.plugin import Sampler, check_sampler, kind_of
 from muestra.plugin.builtins import BUILTIN_SAMPLER_MODULES
 from muestra.plugin.manager import Registered
@@ -27,18 +27,6 @@ class RegisteredSampler(Registered):
 
     def to_proto(self) -> gateway_pb2.SamplerInfo:
         return gateway_pb2.SamplerInfo(**info_fields(self), argmax_invariant=self.sampler.argmax_invariant)
-
-
-def info_fields(entry: Registered) -> dict:
-    """The fields SamplerInfo and ConstraintInfo share: what was registered, by which plugin."""
-    return {
-        "name": entry.name,
-        "plugin": entry.plugin,
-        "distribution": entry.distribution,
-        "version": entry.version,
-        "description": entry.value.description,
-        "parameter_schema": json.dumps(entry.value.parameter_schema, sort_keys=True),
-    }
 
 
 @dataclasses.dataclass(frozen=True)

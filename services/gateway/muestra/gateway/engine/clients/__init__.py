@@ -1,5 +1,6 @@
-"""The engine's clients of the other services (tokenizer, diffusion; the lm's is generation/lm_client.py), all
-mapping a failed call to the request's error the same way (errors.py)."""
+"""The engine's clients of the other services: the lm (lm.py, over the BatchSteps stream of step_stream.py), the
+tokenizer (tokenizer.py) and diffusion (diffusion.py), with the served models they reach (backends.py); every one
+names a failed call the same way and maps it to the request's error (errors.py)."""
 
 from muestra.gateway.engine.clients.diffusion import DiffusionClient
 from muestra.gateway.engine.clients.errors import call_failed

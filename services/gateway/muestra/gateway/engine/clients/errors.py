@@ -11,6 +11,11 @@ from muestra.runtime.errors import DeadlineExceeded, MuestraError, Unavailable
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+def failed_message(service: str, exc: grpc.aio.AioRpcError) -> str:
+    """ "<service> failed: <STATUS> <details>": how every client names a service that failed a call."""
+    return f"{service} failed: {exc.code().name} {exc.details() or ''}".rstrip()
+
+
 def call_failed(
     exc: grpc.aio.AioRpcError, service: str, *, own_deadline: bool = False, during: str = ""
 ) -> MuestraError:
@@ -24,5 +29,5 @@ def call_failed(
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and own_deadline:
         return DeadlineExceeded(f"the request's deadline (timeout_ms, or its call's) passed while {during}")
     if code in UNREACHABLE:
-        return Unavailable(f"{service} failed: {code.name} {exc.details() or ''}".rstrip())
+        return Unavailable(failed_message(service, exc))
     return grpc_error_to_muestra(exc)

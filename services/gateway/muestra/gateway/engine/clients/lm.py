@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 
 from muestra.gateway.engine.clients.backends import LmReplica
+from muestra.gateway.engine.clients.errors import failed_message
 from muestra.gateway.engine.clients.progress import Progress
 from muestra.gateway.engine.clients.step_stream import StepStream
 from muestra.runtime.calls import grpc_error_to_muestra
@@ -42,7 +43,7 @@ class LmFailed(Unavailable):
     """The lm replica failed a call, or did not answer within the deadline: its batch is lost."""
 
     def __init__(self, address: str, exc: grpc.aio.AioRpcError) -> None:
-        super().__init__(f"lm replica {address} failed: {exc.code().name} {exc.details() or ''}".rstrip())
+        super().__init__(failed_message(f"lm replica {address}", exc))
         self.address = address
 
 

@@ -19,6 +19,7 @@ import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
 
+from muestra.gateway.engine.clients.errors import failed_message
 from muestra.gateway.engine.constraints.json_text import JsonText, JsonTokens
 from muestra.gateway.engine.constraints.registry import ConstraintRegistry
 from muestra.plugin import REQUIRED, Grammar, SamplerParamError
@@ -223,7 +224,7 @@ class GrammarEngine:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 raise FailedPrecondition(f"constraints are not available for {model.name!r}: {exc.details()}") from exc
-            raise Unavailable(f"tokenizer of {model.name!r} failed: {exc.code().name} {exc.details() or ''}") from exc
+            raise Unavailable(failed_message(f"tokenizer of {model.name!r}", exc)) from exc
         if model.tokenizer_vocab_size > model.vocab_size:
             raise FailedPrecondition(
                 f"constraints are not available for {model.name!r}: its tokenizer has "

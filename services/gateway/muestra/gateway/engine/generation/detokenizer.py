@@ -17,6 +17,7 @@ import contextlib
 import grpc
 
 from muestra.gateway.engine.clients.backends import TextModel
+from muestra.gateway.engine.clients.errors import failed_message
 from muestra.gateway.engine.clients.progress import Progress
 from muestra.gateway.engine.clients.step_stream import StepStream
 from muestra.gateway.engine.generation.request import Sequence
@@ -42,7 +43,7 @@ class TokenizerFailed(Unavailable):
     """The tokenizer failed or timed out on a call that serves a whole step."""
 
     def __init__(self, model: TextModel, exc: grpc.aio.AioRpcError) -> None:
-        super().__init__(f"tokenizer of {model.name!r} failed: {exc.code().name} {exc.details() or ''}".rstrip())
+        super().__init__(failed_message(f"tokenizer of {model.name!r}", exc))
         self.status = exc.code()
 
 

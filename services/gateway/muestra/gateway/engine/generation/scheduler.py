@@ -4,7 +4,7 @@ Between two decode steps, finished and cancelled rows leave the batch and beam-s
 reordered (batch.py), waiting requests start their prefills, and those whose prefill is done take their
 first tokens and join the batch. A prefill runs beside the steps (the lm runs a long prompt in chunks
 with the running rows' steps between them), so a long prompt stalls no running stream. One Decode call per step
-serves every row (lm_client.py; how many tokens and steps it runs: step_policy.py); the rows take
+serves every row (clients/lm.py; how many tokens and steps it runs: step_policy.py); the rows take
 their tokens and the finish rules apply (outputs.py); the detokenization of step t overlaps the
 lm's work on step t+1 (detokenizer.py).
 

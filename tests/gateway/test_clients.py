@@ -127,3 +127,16 @@ def test_one_mapping_names_the_service_and_the_wait():
     assert (type(down), str(down)) == (Unavailable, "lm replica 1 failed: UNAVAILABLE")
     late = call_failed(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED), "x", own_deadline=True, during="it waited")
     assert str(late) == "the request's deadline (timeout_ms, or its call's) passed while it waited"
+
+
+def test_a_failed_lm_call_names_the_replica_as_every_client_names_its_service():
+    from muestra.gateway.engine.clients.lm import LmFailed
+    from muestra.gateway.engine.generation.detokenizer import TokenizerFailed
+
+    lm = LmFailed("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE, "connection refused"))
+    assert (str(lm), lm.address, lm.code) == (
+        "lm replica 127.0.0.1:1 failed: UNAVAILABLE connection refused", "127.0.0.1:1", grpc.StatusCode.UNAVAILABLE,
+    )  # fmt: skip
+    tokenizer = TokenizerFailed(SimpleNamespace(name="tiny"), rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, ""))
+    assert str(tokenizer) == "tokenizer of 'tiny' failed: DEADLINE_EXCEEDED"
+    assert str(tokenizer) == str(call_failed(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, ""), "tokenizer of 'tiny'"))

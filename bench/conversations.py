@@ -112,11 +112,13 @@ class Server:
 # -- the servers --------------------------------------------------------------------------------------
 
 
-def start_muestra(log_dir: Path, threads: int, extra: tuple[str, ...] = ()) -> tuple[LocalStack, Server]:
-    """The stack as `muestra up` starts it on the default text model (no image service: nothing asks for one);
-    `extra` flags go to the lm (--muestra-lm-args)."""
+def start_muestra(
+    log_dir: Path, threads: int, extra: tuple[str, ...] = (), model: Path = MODEL
+) -> tuple[LocalStack, Server]:
+    """The stack as `muestra up` starts it on `model` (the default text model unless named; no image service:
+    nothing asks for one); `extra` flags go to the lm (--muestra-lm-args)."""
     lm_args = ("--intra-op-threads", str(threads), *extra)  # after LocalStack's own 1: the last flag wins
-    stack = LocalStack(log_dir / "muestra", text_model=MODEL, image_model=None, lm_args=lm_args)
+    stack = LocalStack(log_dir / "muestra", text_model=model, image_model=None, lm_args=lm_args)
     return stack, Server("muestra", stack.base_url, no_cache={}, pids=[p.pid for p in stack.processes()])
 
 

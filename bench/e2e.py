@@ -301,6 +301,13 @@ def main() -> None:
     )
     parser.add_argument("--max-foreign-share", type=float, default=0.25, help="run a round again above it")
     parser.add_argument("--retries", type=int, default=2, help="most times one round is run again")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=MODEL,
+        help="the folder muestra serves (default: the default model); llama-server always serves the default's "
+        "GGUF file, so another export of that file (e.g. --accuracy-level 4) is compared on the same weights",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write every figure here (JSON)")
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
@@ -313,7 +320,7 @@ def main() -> None:
         "muestra_lm": importlib.util.find_spec("muestra.lm").origin,
         "muestra_gateway": importlib.util.find_spec("muestra.gateway").origin,
         "llama.cpp": llama_cpp.SDIST,
-        "model": MODEL.name,
+        "model": args.model.name,
         **{
             key: getattr(args, key)
             for key in ("rounds", "tokens", "threads", "seed", "seeded", "max_foreign_share", "retries")
@@ -322,7 +329,7 @@ def main() -> None:
         "discarded": {},
     }
     started = time.monotonic()
-    stack, muestra = start_muestra(log_dir, args.threads)
+    stack, muestra = start_muestra(log_dir, args.threads, model=args.model)
     try:
         report["muestra_default_samplers"] = default_samplers(stack.base_url)
         if chain_values(report["muestra_default_samplers"]) != MODEL_CHAIN:

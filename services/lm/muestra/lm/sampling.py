@@ -202,6 +202,6 @@ def pick(rows: Sequence[SampledRow | None], logits: np.ndarray) -> tuple[np.ndar
 def _run(rows: Sequence[SampledRow], index: list[int], logits: np.ndarray) -> np.ndarray:
     chain = rows[index[0]].chain
     params = [[rows[i].chain.params[position] for i in index] for position in range(len(chain.samplers))]
-    scores = np.array(logits[index], dtype=np.float32)
+    scores = logits[index].astype(np.float32, copy=False)  # indexing by a list copies already
     tokens, _ = pick_tokens(chain.samplers, params, scores, [rows[i].context for i in index])
     return tokens

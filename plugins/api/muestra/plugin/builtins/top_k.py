@@ -15,10 +15,13 @@ class TopK(LogitsProcessor):
     def process(self, logits, params, rows):
         vocab = logits.shape[-1]
         # One O(vocab) np.partition per distinct k; no sort.
-        for k, index in group_rows([min(p["top_k"], vocab) for p in params]):
+        groups = group_rows([min(p["top_k"], vocab) for p in params])
+        for k, index in groups:
             if k == vocab:
                 continue
-            part = logits[index]
-            part[part < kth_largest(part, k)] = -np.inf
-            logits[index] = part
+            # One group of every row is masked in place; others go through a copy of their rows.
+            part = logits if len(groups) == 1 else logits[index]
+            np.putmask(part, part < kth_largest(part, k), -np.inf)
+            if part is not logits:
+                logits[index] = part
         return logits

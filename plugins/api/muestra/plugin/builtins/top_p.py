@@ -19,7 +19,7 @@ class TopP(LogitsProcessor):
             return logits
         part = logits if active.all() else logits[active]
         # Candidates by np.partition, not a full-vocabulary sort (see nucleus_threshold).
-        part[part < nucleus_threshold(part, top_p[active])] = -np.inf
+        np.putmask(part, part < nucleus_threshold(part, top_p[active]), -np.inf)
         if not active.all():
             logits[active] = part
         return logits

@@ -51,3 +51,50 @@ def test_the_best_scores_and_the_nucleus_are_those_of_the_whole_row(seed):
         before = np.cumsum(p, axis=-1) - p
         inside = np.sum(before < mass, axis=-1)
         assert np.array_equal(threshold[:, 0], ordered[np.arange(len(ordered)), inside - 1])
+
+
+@pytest.mark.parametrize("seed", [2])
+def test_top_k_and_top_p_keep_what_the_plain_masks_keep(seed):
+    """top_k and top_p mask in place (and top_k without a copy when one k serves every row): the same scores, bit for
+    bit, as masking a copy of each group's rows, with several ks and top_ps in one call."""
+    from muestra.plugin.builtins.top_k import TopK
+    from muestra.plugin.builtins.top_p import TopP
+
+    for rng, scores in rows(seed):
+        n, vocab = scores.shape
+        ks = [int(rng.integers(1, vocab + 1)) for _ in range(n)] if rng.random() < 0.5 else [5] * n
+        expected = scores.copy()
+        for row, k in enumerate(ks):
+            part = expected[row : row + 1]
+            part[part < kth_largest(part, k)] = -np.inf
+        got = TopK().process(scores.copy(), [{"top_k": k} for k in ks], None)
+        assert np.array_equal(got, expected)
+        ps = [float(rng.choice([0.3, 0.9, 1.0])) for _ in range(n)]
+        expected = got.copy()
+        for row, p in enumerate(ps):
+            if p < 1.0 and np.isfinite(expected[row]).any():
+                part = expected[row : row + 1]
+                part[part < nucleus_threshold(part, np.array([p]))] = -np.inf
+        if np.isfinite(got).any(axis=-1).all():
+            assert np.array_equal(TopP().process(got.copy(), [{"top_p": p} for p in ps], None), expected)
+
+
+def test_pick_tokens_refuses_what_it_refused_before():
+    """pick_tokens checks each row's maximum first: NaN anywhere, or a row with nothing left, still fails, and a row
+    holding +inf beside finite scores still passes that check and reaches the selector (whose pick of +inf the
+    last check refuses, as before)."""
+    from muestra.plugin import RowContext, pick_tokens
+    from muestra.plugin.builtins.greedy import Greedy
+    from muestra.plugin.builtins.temperature import Temperature
+
+    def pick(row):
+        chain, params = [Temperature(), Greedy()], [[{"temperature": 1.0}], [{}]]
+        context = [RowContext([1], np.random.default_rng(0))]
+        return pick_tokens(chain, params, np.array([row], dtype=np.float32), context)[0]
+
+    assert pick([0.0, 2.0, 1.0]).tolist() == [1]
+    for broken in ([0.0, np.nan, 1.0], [-np.inf, -np.inf, -np.inf], [np.nan, -np.inf, np.inf]):
+        with pytest.raises(RuntimeError, match="NaN or remove every token"):
+            pick(broken)
+    with pytest.raises(RuntimeError, match="greedy picked a token that the processors removed"):
+        pick([0.0, np.inf, 1.0])

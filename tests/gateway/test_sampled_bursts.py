@@ -7,6 +7,7 @@ back to a Decode per token and still streams the same tokens."""
 from __future__ import annotations
 
 import concurrent.futures
+import urllib.request
 
 import pytest
 
@@ -135,3 +136,47 @@ def test_a_chain_the_lm_cannot_run_falls_back_and_still_streams(stacks, without_
     # The same lm still runs the chains it has.
     assert tokens(gateway.address, "t07", 4) == tokens(single.gateway.address, "t07", 4)
     assert expected == tokens(gateway.address, "mirostat", 4)
+
+
+@pytest.fixture(scope="module")
+def two_replicas(text_stack, tiny_lm, tmp_path_factory):
+    """A gateway over two lm replicas of the same model: the stack's own lm and a second one."""
+    reference = text_stack("llama", *NO_DRAFTS)
+    log_dir = tmp_path_factory.mktemp("second-replica")
+    flags = ["--model", str(tiny_lm("llama").onnx_dir), "--providers", "cpu", "--intra-op-threads", "1"]
+    second = ServiceProcess("lm", flags, log_dir)
+    port = free_port()
+    lm_addr = f"{reference.lm.address},{second.address}"
+    flags = ["--tokenizer-addr", reference.tokenizer.address, "--lm-addr", lm_addr, "--metrics-port", str(port)]
+    gateway = ServiceProcess("gateway", [*flags, *NO_DRAFTS], log_dir)
+    yield gateway, port
+    gateway.stop()
+    second.stop()
+
+
+def replica_bursts(port: int) -> dict[str, list[float]]:
+    """{replica: [Decodes, steps they ran]} on the gateway's /metrics."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found: dict[str, list[float]] = {}
+    for line in body.splitlines():
+        for position, name in enumerate(("muestra_decode_burst_steps_count", "muestra_decode_burst_steps_sum")):
+            if line.startswith(name + "{"):
+                replica = line.split('replica="', 1)[1].split('"', 1)[0]
+                found.setdefault(replica, [0.0, 0.0])[position] += float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_every_replica_runs_sampled_bursts_from_the_start(stacks, two_replicas):
+    """The replicas after the first take the samplers they run from their Describe at start-up, as the first
+    does: sampled rows burst on both (they ran a Decode per token there until one came back from a restart)."""
+    _, _, _, single = stacks
+    gateway, port = two_replicas
+    jobs = [("t07", seed, PROMPTS[seed % len(PROMPTS)]) for seed in range(6)]
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        runs = [pool.submit(tokens, gateway.address, chain, seed, prompt) for chain, seed, prompt in jobs]
+        got = [run.result() for run in runs]
+    assert got == [tokens(single.gateway.address, chain, seed, prompt) for chain, seed, prompt in jobs]
+    bursts = replica_bursts(port)
+    assert len(bursts) == 2, bursts  # both replicas took rows
+    for replica, (decodes, steps) in bursts.items():
+        assert steps >= TOKENS - 1 and decodes <= steps / 2, (replica, decodes, steps)

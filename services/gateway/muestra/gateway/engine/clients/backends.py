@@ -234,9 +234,7 @@ class ModelRegistry:
                     f"the lm service at {replica.address}", lm_setting, deadline,
                     replica.channel, replica.stub.Describe, lm_pb2.DescribeModelRequest(),
                 )  # fmt: skip
-                replica.max_greedy_steps = max(1, other.max_greedy_steps)
-                replica.max_draft_tokens = other.max_draft_tokens
-                replica.kv = KvBudget.from_describe(other)
+                replica.described(other)  # its own limits and the samplers it runs, as the first replica's
                 if other.fingerprint != model.fingerprint:
                     raise BackendError(
                         f"lm replicas of {model.name} serve different models ({replica.address} differs); "

@@ -7,11 +7,14 @@ back to a Decode per token and still streams the same tokens."""
 from __future__ import annotations
 
 import concurrent.futures
+import types
 import urllib.request
 
 import pytest
 
 from muestra.client import Client
+from tests.fixtures.lm_service import start_lm
+from tests.fixtures.text_stack import start_gateway
 from tests.gateway.test_greedy_bursts import NO_DRAFTS, PROMPTS, burst_metrics
 from tests.harness import ServiceProcess, free_port
 
@@ -42,13 +45,19 @@ TOKENS = 40
 
 
 @pytest.fixture(scope="module")
-def stacks(text_stack):
-    """The same tokenizer and lm behind gateways bursting up to 8 and 3 steps, and one running a Decode per
-    token (the gateway runs every chain: the reference)."""
+def stacks(text_stack, tiny_lm, tmp_path_factory):
+    """The same tokenizer and lm behind gateways bursting up to 8 and 3 steps, and the reference: a gateway running
+    a Decode per token over an lm that runs no chains (--samplers false), so the gateway runs every chain."""
     port = free_port()
     eight = text_stack("llama", "--metrics-port", str(port), *NO_DRAFTS)
     three = text_stack("llama", "--greedy-burst", "3", *NO_DRAFTS)
-    return eight, port, three, text_stack("llama", "--greedy-burst", "1", *NO_DRAFTS)
+    log_dir = tmp_path_factory.mktemp("reference")
+    lm = start_lm(tiny_lm("llama").onnx_dir, "llama", log_dir, "--samplers", "false")
+    flags = ["--greedy-burst", "1", *NO_DRAFTS]
+    gateway = start_gateway(log_dir, eight.tokenizer.address, lm.address, *flags)
+    yield eight, port, three, types.SimpleNamespace(gateway=gateway)
+    gateway.stop()
+    lm.stop()
 
 
 def tokens(address: str, chain: str, seed: int, prompt: str = PROMPTS[0], **fields) -> dict[int, list[int]]:
@@ -180,3 +189,46 @@ def test_every_replica_runs_sampled_bursts_from_the_start(stacks, two_replicas):
     assert len(bursts) == 2, bursts  # both replicas took rows
     for replica, (decodes, steps) in bursts.items():
         assert steps >= TOKENS - 1 and decodes <= steps / 2, (replica, decodes, steps)
+
+
+@pytest.fixture(scope="module")
+def one_step(stacks, tiny_lm, tmp_path_factory):
+    """A gateway that never bursts (--greedy-burst 1) over an lm of its own that shows its /metrics: the lm still
+    picks sampled rows' tokens, a step at a time."""
+    eight = stacks[0]
+    log_dir = tmp_path_factory.mktemp("one-step")
+    port = free_port()
+    lm = start_lm(tiny_lm("llama").onnx_dir, "llama", log_dir, "--metrics-port", str(port))
+    gateway = start_gateway(log_dir, eight.tokenizer.address, lm.address, "--greedy-burst", "1", *NO_DRAFTS)
+    yield gateway, port
+    gateway.stop()
+    lm.stop()
+
+
+def lm_sampled_tokens(port: int) -> float:
+    """Tokens the lm picked with rows' own chains (muestra_lm_sampled_tokens_total on its /metrics)."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    lines = [line for line in body.splitlines() if line.startswith("muestra_lm_sampled_tokens_total")]
+    return sum(float(line.split(" ")[1]) for line in lines)
+
+
+@pytest.mark.parametrize("chain", ["model", "penalties", "mirostat"])
+def test_a_step_of_its_own_has_the_lm_pick_with_the_gateways_tokens(stacks, one_step, chain):
+    """A Decode of one step carries the sampled rows' chains too: the lm picks their tokens (and ships no logits
+    for them), and the seeded tokens equal those the gateway picks from logits (the reference, whose lm runs no
+    chains), alone and beside rows the lm does not pick for (a logprobs row, a greedy row, n=2)."""
+    _, _, _, single = stacks
+    gateway, port = one_step
+    before = lm_sampled_tokens(port)
+    assert tokens(gateway.address, chain, 11) == tokens(single.gateway.address, chain, 11)
+    assert lm_sampled_tokens(port) - before == TOKENS - 1  # every token after the prefill's, picked in the lm
+    jobs = [
+        (chain, 12, PROMPTS[1], {}),
+        ("t07", 13, PROMPTS[2], {"logprobs": True}),
+        ("model", 14, PROMPTS[3], {"samplers": [{"name": "greedy"}]}),
+        ("t07", 15, PROMPTS[4], {"n": 2}),
+    ]
+    expected = [tokens(single.gateway.address, c, seed, prompt, **extra) for c, seed, prompt, extra in jobs]
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        runs = [pool.submit(tokens, gateway.address, c, seed, prompt, **extra) for c, seed, prompt, extra in jobs]
+        assert [run.result() for run in runs] == expected

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from muestra.lm import metrics
 from muestra.lm.batch import Batch, OutputSpec
 from muestra.lm.model import OnnxDecoder
 from muestra.lm.sampling import SampledRow, pick
@@ -62,6 +63,7 @@ def burst(
         next_ids = logits.argmax(axis=-1)
         if sampled is not None:
             picks, errors = pick(sampled, logits)
+            metrics.SAMPLED_TOKENS.inc(int(np.count_nonzero(picks >= 0)))
             next_ids = np.where(picks >= 0, picks, next_ids)
         taken.append(next_ids)
         if errors is not None and any(errors):

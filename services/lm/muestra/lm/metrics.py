@@ -36,6 +36,10 @@ DECODE_STEP_SECONDS = Histogram(
 BATCH_ROWS = Histogram(
     "muestra_lm_decode_batch_rows", "Rows in the batch of one decode step", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
 )
+SAMPLED_TOKENS = Counter(
+    "muestra_lm_sampled_tokens",
+    "Tokens the lm picked with a row's own sampler chain (DecodeBatch.samplers), shipping no logits for them",
+)
 DRAFT_TOKENS = Counter(
     "muestra_lm_spec_decode_num_draft_tokens",
     "Draft tokens scored by verification steps (vllm:spec_decode_num_draft_tokens)",

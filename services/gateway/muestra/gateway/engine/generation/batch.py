@@ -47,17 +47,15 @@ class RunningBatch:
     def requests(self) -> list[GenerationRequest]:
         return requests(self.all_rows())
 
-    def decode_batches(
-        self, masked: bool, tokens: int, runnable: frozenset[tuple[str, str, str]] = frozenset()
-    ) -> list[lm_pb2.DecodeBatch]:
+    def decode_batches(self, masked: bool, tokens: int, in_lm: set[int] | None = None) -> list[lm_pb2.DecodeBatch]:
         """The next Decode's batches; the joining rows join the running ones (Decode consumes the batches it
-        is given, so they are joined or lost with that call either way). With `runnable` (a burst), sampled
-        rows whose chains the lm runs go with their samplers (step_policy.sampled_in_lm)."""
+        is given, so they are joined or lost with that call either way). The rows in `in_lm` (by id) go with
+        their samplers: the lm picks their tokens (step_policy.picked_in_lm)."""
         batches = []
         if self.batch_id:
-            batches.append(decode_batch(self.batch_id, self.rows, masked, tokens, runnable))
+            batches.append(decode_batch(self.batch_id, self.rows, masked, tokens, in_lm))
         for joining in self.joining:
-            batches.append(decode_batch(joining.batch_id, joining.rows, masked, tokens, runnable))
+            batches.append(decode_batch(joining.batch_id, joining.rows, masked, tokens, in_lm))
             self.rows.extend(joining.rows)
         self.joining = []
         return batches
@@ -146,11 +144,12 @@ def allowed_tokens(row: Row) -> bytes:
 
 
 def decode_batch(
-    batch_id: str, rows: list[Row], masked: bool, tokens: int, runnable: frozenset[tuple[str, str, str]] = frozenset()
+    batch_id: str, rows: list[Row], masked: bool, tokens: int, in_lm: set[int] | None = None
 ) -> lm_pb2.DecodeBatch:
-    """The step for these rows: each feeds `tokens` tokens (its pending one, then queued ones)."""
+    """The step for these rows: each feeds `tokens` tokens (its pending one, then queued ones); the rows in
+    `in_lm` (by id) go with their samplers."""
     batch = lm_pb2.DecodeBatch(batch_id=batch_id)
-    sampled = [isinstance(row, Sequence) and row.sampling.runs_in_lm(runnable) for row in rows] if runnable else []
+    sampled = [id(row) in in_lm for row in rows] if in_lm else []
     if any(sampled):
         for row, in_lm in zip(rows, sampled, strict=True):
             batch.samplers.append(row.sampling.lm_sampler() if in_lm else lm_pb2.RowSampler())

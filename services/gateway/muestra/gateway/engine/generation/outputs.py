@@ -13,6 +13,7 @@ hypotheses when its search is done.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Protocol
 
 import numpy as np
@@ -41,13 +42,22 @@ class OutputProcessor:
         self.model = model
 
     def accept(
-        self, rows: list[Row], logits: np.ndarray | None, index: list[int], argmax: list[int]
+        self,
+        rows: list[Row],
+        logits: np.ndarray | None,
+        index: list[int],
+        argmax: list[int],
+        taken: Collection[int] = (),
     ) -> list[BeamGroup]:
         """Pick every row's next token (samplers, or the beam search) and apply the finish rules; the beam
-        groups whose search is done (to be finished with `finish_beams` once their text is known)."""
+        groups whose search is done (to be finished with `finish_beams` once their text is known). The rows at
+        the positions in `taken` have their tokens already (the lm picked them: accept_burst)."""
         # Rows whose drafts were verified take their tokens in accept_verified.
+        taken = set(taken)
         positions = [
-            i for i, row in enumerate(rows) if isinstance(row, Sequence) and not row.in_flight and not row.drafts
+            i
+            for i, row in enumerate(rows)
+            if isinstance(row, Sequence) and not row.in_flight and not row.drafts and i not in taken
         ]
         if positions:
             chosen = [rows[i] for i in positions]

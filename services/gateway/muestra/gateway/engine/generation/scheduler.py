@@ -40,7 +40,13 @@ from muestra.gateway.engine.generation.outputs import OutputProcessor
 from muestra.gateway.engine.generation.prefills import Prefilling, PrefillTurns
 from muestra.gateway.engine.generation.request import GenerationRequest, Sequence
 from muestra.gateway.engine.generation.speculation import SpeculationPolicy
-from muestra.gateway.engine.generation.step_policy import StepPolicy, row_invariant, stop_ids, tokens_per_row
+from muestra.gateway.engine.generation.step_policy import (
+    StepPolicy,
+    picked_in_lm,
+    row_invariant,
+    stop_ids,
+    tokens_per_row,
+)
 from muestra.gateway.engine.sampling import ModelInfo
 from muestra.runtime.errors import (
     MuestraError,
@@ -85,6 +91,8 @@ class ReplicaScheduler(PrefillTurns, Failover):
         self.last_step = (1, 1, 0)
         # Whether the Decode in flight runs a burst (its rows' tokens come in RowOutput.greedy_ids).
         self.bursting = False
+        # The rows (by id) whose tokens the lm picked in the last Decode (step_policy.picked_in_lm).
+        self.in_lm: set[int] = set()
         self.progress = Progress()
         self.lm = LmClient(replica, self.progress, config.lm_timeout_s)
         self.outputs = OutputProcessor(model)
@@ -258,8 +266,12 @@ class ReplicaScheduler(PrefillTurns, Failover):
         steps = 1 if drafted else self.policy.burst(every, self.replica.max_greedy_steps, joinable, runnable)
         if steps > 1 and self.speculation.quiet is not None:
             steps = min(steps, self.speculation.quiet)  # the burst ends where a draft could begin
+        # The lm picks the tokens of the sampled rows whose chains it runs, in a burst or in a step of its own
+        # (those rows then ship no logits); not in a step with drafts or masks, or one that feeds queued tokens.
+        in_lm = picked_in_lm(every, runnable) if not drafted and not masked and tokens == 1 else set()
+        self.in_lm = in_lm
         request = lm_pb2.DecodeRequest(
-            batches=self.batch.decode_batches(masked, tokens, runnable if steps > 1 else frozenset()),
+            batches=self.batch.decode_batches(masked, tokens, in_lm),
             tokens_per_row=tokens if tokens > 1 else 0,
             row_invariant=row_invariant(every),
         )
@@ -282,16 +294,19 @@ class ReplicaScheduler(PrefillTurns, Failover):
         if self.bursting:
             self.outputs.accept_burst(self.batch.rows, output.rows)
             return list(self.batch.rows)
+        picked = [i for i, row in enumerate(self.batch.rows) if id(row) in self.in_lm]
+        if picked:  # the lm picked these rows' tokens: take them as a one-step burst's
+            self.outputs.accept_burst([self.batch.rows[i] for i in picked], [output.rows[i] for i in picked])
         logits = logits_matrix(output)
         await self._accept(
-            self.batch.rows, logits, [r.logits_row for r in output.rows], [r.argmax for r in output.rows]
+            self.batch.rows, logits, [r.logits_row for r in output.rows], [r.argmax for r in output.rows], picked
         )
         for kept in self.outputs.accept_verified(self.batch.rows, output.rows, logits):
             self.speculation.verified(kept)
         return [row for row in self.batch.rows if isinstance(row, Sequence)]
 
-    async def _accept(self, rows: list[Row], logits, index: list[int], argmax: list[int]) -> None:
-        for group in self.outputs.accept(rows, logits, index, argmax):
+    async def _accept(self, rows: list[Row], logits, index: list[int], argmax: list[int], taken=()) -> None:
+        for group in self.outputs.accept(rows, logits, index, argmax, taken):
             hypotheses = group.search.results()[: group.request.n]
             texts = await self.detokenizer.decode([list(h.token_ids) for h in hypotheses])
             self.outputs.finish_beams(group, hypotheses, texts)

@@ -10,6 +10,8 @@ meanwhile waits no longer than that for its prefill.
 
 from __future__ import annotations
 
+import collections
+
 from muestra.gateway.engine.generation.batch import Row, requests
 from muestra.gateway.engine.generation.request import Sequence
 from muestra.v1 import lm_pb2
@@ -50,6 +52,25 @@ def bursts(row: Row, runnable: frozenset[tuple[str, str, str]] = frozenset()) ->
 def sampled_in_lm(row: Row, runnable: frozenset[tuple[str, str, str]]) -> bool:
     """Whether the lm picks this row's tokens with its chain when it runs a burst (DecodeBatch.samplers)."""
     return isinstance(row, Sequence) and bool(runnable) and row.sampling.runs_in_lm(runnable)
+
+
+def picked_in_lm(rows: list[Row], runnable: frozenset[tuple[str, str, str]]) -> set[int]:
+    """The rows (by id) whose next token the lm picks with their own chains (DecodeBatch.samplers), in a burst or
+    in a step of its own: sampled rows whose chain it runs, that feed one token (none queued or in flight), and
+    whose generator no other row of the step shares (rows sharing one draw in turn: only one place may hold it).
+    Such a row ships no logits; the others of the step are picked here as before."""
+    if not runnable:
+        return set()
+    generators = collections.Counter(id(row.sampling.context.rng) for row in rows if isinstance(row, Sequence))
+    return {
+        id(row)
+        for row in rows
+        if isinstance(row, Sequence)
+        and not row.in_flight
+        and not row.queued
+        and generators[id(row.sampling.context.rng)] == 1
+        and sampled_in_lm(row, runnable)
+    }
 
 
 def wants_row_invariance(mode: str, seeded: bool, chain) -> bool:

@@ -5,8 +5,8 @@ samplers, beam search, logprobs, stop strings, prompts that share cached prefixe
 mid-stream, an image, a stored conversation of 2-3 turns through /v1/responses, or a replay of an earlier
 seeded request on another surface), sends it, and
 records what came back with its timings. A stream that makes no progress for `hang_s` is hung. A reply that
-comes whole (non-streamed HTTP, and a gRPC beam search, whose beams come when the search ends) may take
-2 x hang_s: its silence holds its time in the queue and its whole decode.
+comes whole (non-streamed HTTP, and a beam search, streamed over gRPC or HTTP, whose beams come when the
+search ends) may take 2 x hang_s: its silence holds its time in the queue and its whole decode.
 
 After the run, `check_text` compares every gRPC completion's text with the tokenizer's decode of its
 token ids (with its stop strings applied), and replays are compared with their originals.
@@ -423,11 +423,13 @@ class Workload:
         last = outcome.started
         chunks = 0
         saw_done = False
-        async with self.http.stream("POST", path, json=body, timeout=httpx.Timeout(600, read=self.hang_s)) as reply:
+        # A beam search sends its beams when it ends: until then it is as silent as a non-streamed reply.
+        first = self.hang_s * 2 if spec.beam else self.hang_s
+        async with self.http.stream("POST", path, json=body, timeout=httpx.Timeout(600, read=first)) as reply:
             if reply.status_code != 200:
                 await self._http_failure(reply, outcome)
                 return
-            async for data in self._sse_data(reply):
+            async for data in self._sse_data(reply, first):
                 if data == "[DONE]":
                     saw_done = True
                     continue
@@ -461,16 +463,18 @@ class Workload:
         if outcome.status == "ok" and not saw_done:
             outcome.status, outcome.error = "lost", "the stream ended without [DONE]"
 
-    async def _sse_data(self, reply):
-        """Each `data:` payload of a server-sent event stream; a line that takes longer than hang_s raises
-        asyncio.TimeoutError (the stream is hung)."""
+    async def _sse_data(self, reply, first: float | None = None):
+        """Each `data:` payload of a server-sent event stream; a line that takes longer than hang_s (the first
+        payload: `first`, when given) raises asyncio.TimeoutError (the stream is hung)."""
         lines = reply.aiter_lines()
+        limit = first or self.hang_s
         while True:
             try:
-                line = await asyncio.wait_for(anext(lines), self.hang_s)
+                line = await asyncio.wait_for(anext(lines), limit)
             except StopAsyncIteration:
                 return
             if line.startswith("data: "):
+                limit = self.hang_s
                 yield line[6:]
 
     async def _http(self, spec: Spec, outcome: Outcome) -> None:
